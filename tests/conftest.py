@@ -1,0 +1,101 @@
+"""Shared fixtures: copies of the real installed flashinfer-python, unpatched and patched."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIOS = ROOT / "tests" / "helpers" / "dynamo_scenarios.py"
+
+
+def installed_flashinfer_site() -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec("flashinfer")
+    assert spec is not None and spec.origin is not None, "flashinfer-python is not installed: run .ci/run"
+    return Path(spec.origin).resolve().parent.parent
+
+
+def copy_flashinfer(dest: Path) -> Path:
+    """Copy flashinfer/ and its dist-info from the real install into dest (a site-packages)."""
+    site = installed_flashinfer_site()
+    dest.mkdir(parents=True)
+    shutil.copytree(
+        site / "flashinfer",
+        dest / "flashinfer",
+        ignore=shutil.ignore_patterns("__pycache__", "GLM5_SERVE_PATCHES.json"),
+    )
+    for info in site.glob("flashinfer_python-*.dist-info"):
+        shutil.copytree(info, dest / info.name)
+    return dest
+
+
+def run_apply(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "patches" / "apply"), *args], capture_output=True, text=True, check=False
+    )
+
+
+@pytest.fixture(scope="session")
+def unpatched_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return copy_flashinfer(tmp_path_factory.mktemp("flashinfer") / "unpatched")
+
+
+@pytest.fixture(scope="session")
+def patched_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tree = copy_flashinfer(tmp_path_factory.mktemp("flashinfer") / "patched")
+    done = run_apply("--target", str(tree))
+    assert done.returncode == 0, done.stderr
+    return tree
+
+
+@pytest.fixture(scope="session")
+def fake_nvcc(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A CUDA_HOME whose bin/nvcc prints release 12.9 in nvcc's own format."""
+    home = tmp_path_factory.mktemp("cuda-12.9")
+    (home / "bin").mkdir()
+    nvcc = home / "bin" / "nvcc"
+    nvcc.write_text(
+        "#!/bin/sh\necho 'nvcc: NVIDIA (R) Cuda compiler driver'\n"
+        "echo 'Cuda compilation tools, release 12.9, V12.9.86'\n"
+    )
+    nvcc.chmod(0o755)
+    return home
+
+
+def tree_env(tree: Path, **env: str | None) -> dict[str, str]:
+    out = {
+        k: v for k, v in os.environ.items() if k not in ("FLASHINFER_CUDA_VERSION", "CUDA_HOME", "CUDA_PATH")
+    }
+    out["PYTHONPATH"] = str(tree)
+    for key, value in env.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = value
+    return out
+
+
+def run_scenarios(tree: Path, *names: str, **env: str | None) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, str(SCENARIOS), *names],
+        capture_output=True,
+        text=True,
+        env=tree_env(tree, **env),
+        check=False,
+        timeout=300,
+    )
+    for line in done.stdout.splitlines():
+        if line.startswith("SCENARIOS-JSON "):
+            result: dict[str, Any] = json.loads(line.removeprefix("SCENARIOS-JSON "))
+            assert result["module"].startswith(str(tree)), f"imported {result['module']}, not {tree}"
+            return result
+    raise AssertionError(f"scenario run failed (rc {done.returncode}):\n{done.stderr[-3000:]}")
