@@ -1,0 +1,220 @@
+"""The baked configuration and entrypoint/launch, checked with the real sglang 0.5.23 parser."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import batch_sizes
+import config
+import pytest
+from conftest import ROOT
+
+LAUNCH = ROOT / "entrypoint" / "launch"
+STUBS = ROOT / "tests" / "stubs"
+
+
+def launch(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("GLM5_")} | env
+    return subprocess.run(
+        [sys.executable, str(LAUNCH), *args], capture_output=True, text=True, env=full, check=False
+    )
+
+
+def oracle(request: dict[str, Any]) -> dict[str, Any]:
+    """Run the real sglang parser and batch-size rule in a subprocess (triton stubbed)."""
+    env = os.environ | {"PYTHONPATH": str(STUBS)}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tests/helpers/sglang_oracle.py")],
+        input=json.dumps(request),
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        timeout=300,
+    )
+    for line in done.stdout.splitlines():
+        if line.startswith("ORACLE-JSON "):
+            result: dict[str, Any] = json.loads(line.removeprefix("ORACLE-JSON "))
+            return result
+    raise AssertionError(done.stderr[-3000:])
+
+
+def server_args(argv: list[str]) -> list[str]:
+    assert argv[: len(config.SERVER_PROGRAM)] == list(config.SERVER_PROGRAM)
+    return argv[len(config.SERVER_PROGRAM) :]
+
+
+SETTINGS = [
+    {},
+    {"GLM5_CUDA_GRAPH_MAX_BS_DECODE": "256"},
+    {"GLM5_CUDA_GRAPH_MAX_BS_DECODE": "1024"},
+    {"GLM5_CUDA_GRAPH_MAX_BS_DECODE": "500"},
+    {"GLM5_SPECULATIVE": "mtp"},
+    {"GLM5_SPECULATIVE": "mtp", "GLM5_MAX_RUNNING_REQUESTS": "300"},
+    {"GLM5_KV_CACHE_DTYPE": "bf16", "GLM5_MEM_FRACTION_STATIC": "0.85", "GLM5_MAX_RUNNING_REQUESTS": "128"},
+    {"GLM5_EXTRA_ARGS": "--enable-torch-compile --torch-compile-max-bs 16", "GLM5_API_KEY": "s3cret"},
+]
+
+
+@pytest.fixture(scope="module")
+def rendered() -> list[config.Effective]:
+    return [config.resolve(env) for env in SETTINGS]
+
+
+@pytest.fixture(scope="module")
+def real(rendered: list[config.Effective]) -> dict[str, Any]:
+    return oracle(
+        {
+            "argvs": [server_args(e.argv) for e in rendered],
+            "decode": [
+                [
+                    server_args(e.argv),
+                    batch_sizes.effective_decode_max_bs(
+                        e.values["cuda_graph_max_bs_decode"],
+                        e.values["speculative"] != "off",
+                        e.values["max_running_requests"],
+                    ),
+                ]
+                for e in rendered
+            ],
+        }
+    )
+
+
+def test_dry_run_json_passes_the_real_sglang_parser() -> None:
+    done = launch("--dry-run", "--json")
+    assert done.returncode == 0, done.stderr
+    argv = json.loads(done.stdout)
+    result = oracle({"argvs": [server_args(argv)]})
+    assert result["parse"] == [{"ok": True, "error": ""}]
+    assert argv[argv.index("--cuda-graph-max-bs-decode") + 1] == "512"
+    assert argv[argv.index("--cuda-graph-backend-prefill") + 1] == "breakable"
+
+
+def test_every_setting_passes_the_real_parser(real: dict[str, Any]) -> None:
+    assert [p["ok"] for p in real["parse"]] == [True] * len(SETTINGS), real["parse"]
+
+
+def test_decode_sizes_match_sglangs_rule(rendered: list[config.Effective], real: dict[str, Any]) -> None:
+    for env, effective, sizes in zip(SETTINGS, rendered, real["decode"], strict=True):
+        assert effective.decode_sizes == sizes, env
+
+
+def test_baked_default_expects_52_decode_and_58_prefill_sizes() -> None:
+    state = config.resolve({}).state()
+    assert state["decode_expected"] == 52
+    assert state["prefill_expected"] == 58
+    assert config.resolve({"GLM5_SPECULATIVE": "mtp"}).state()["decode_expected"] == 23
+
+
+def test_dry_run_prints_a_shell_command_and_redacts_the_key() -> None:
+    done = launch("--dry-run", GLM5_API_KEY="s3cret")
+    assert done.returncode == 0
+    assert done.stdout.startswith("python3 -m sglang.launch_server --model-path /models/GLM-5-NVFP4 ")
+    assert "s3cret" not in done.stdout and "--api-key '<redacted>'" in done.stdout
+
+
+def test_no_sm120_incompatible_backend_is_baked() -> None:
+    argv = " ".join(config.resolve({}).argv + config.resolve({"GLM5_KV_CACHE_DTYPE": "bf16"}).argv)
+    for bad in ("trtllm", "flashmla", "fa3", "deep_gemm", "deepgemm", "--enable-piecewise-cuda-graph"):
+        assert bad not in argv
+    assert config.resolve({})
+
+
+def test_removed_flags_are_never_baked() -> None:
+    argv = config.resolve({}).argv
+    for flag in config.REMOVED_FLAGS:
+        assert flag not in argv
+
+
+def test_real_parser_rejects_what_check_extra_args_refuses() -> None:
+    # The refusal list must stay true for the pinned sglang: each removed flag really fails there.
+    argvs = [["--model-path", "/m", flag, "8"] for flag in config.REMOVED_FLAGS]
+    assert [p["ok"] for p in oracle({"argvs": argvs})["parse"]] == [False] * len(argvs)
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"GLM5_MEM_FRACTION_STATIC": "abc"}, "GLM5_MEM_FRACTION_STATIC='abc': expected a number"),
+        ({"GLM5_MEM_FRACTION_STATIC": "0.99"}, "out of range 0.5..0.93"),
+        ({"GLM5_MEM_FRACTION_STATIC": "nan"}, "expected a number"),
+        ({"GLM5_PORT": "80"}, "GLM5_PORT='80': out of range"),
+        ({"GLM5_PORT": "30000x"}, "expected a whole number"),
+        ({"GLM5_KV_CACHE_DTYPE": "fp8"}, "expected one of fp8_e4m3, bf16"),
+        ({"GLM5_SPECULATIVE": "eagle"}, "expected one of off, mtp"),
+        ({"GLM5_MODEL_DIR": "models/glm"}, "expected an absolute path"),
+        ({"GLM5_SERVED_MODEL_NAME": "glm 5"}, "GLM5_SERVED_MODEL_NAME='glm 5'"),
+        ({"GLM5_CUDA_GRAPH_MAX_BS_DECODE": "0"}, "out of range 1..1024"),
+        ({"GLM5_EXTRA_ARGS": "--foo 'bar"}, "cannot split"),
+        ({"GLM5_EXTRA_ARGS": "--cuda-graph-max-bs 256"}, "set GLM5_CUDA_GRAPH_MAX_BS_DECODE"),
+        ({"GLM5_EXTRA_ARGS": "--enable-piecewise-cuda-graph"}, "--cuda-graph-backend-prefill breakable"),
+        ({"GLM5_EXTRA_ARGS": "--tp-size 4"}, "built for TP8"),
+        ({"GLM5_EXTRA_ARGS": "--mem-fraction-static=0.9"}, "use GLM5_MEM_FRACTION_STATIC"),
+        ({"GLM5_API_KEY": "a", "GLM5_API_KEY_FILE": "/run/secrets/k"}, "both set"),
+        ({"GLM5_API_KEY_FILE": "/nonexistent/key"}, "cannot read it"),
+    ],
+)
+def test_malformed_override_is_refused_before_start(env: dict[str, str], message: str) -> None:
+    done = launch("--dry-run", **env)
+    assert done.returncode == 3
+    assert message in done.stderr
+    assert done.stdout == ""
+
+
+def test_all_errors_are_collected() -> None:
+    done = launch("--dry-run", GLM5_PORT="1", GLM5_KV_CACHE_DTYPE="x", GLM5_SPECULATIVE="y")
+    assert done.returncode == 3
+    assert "3 invalid setting(s)" in done.stderr
+
+
+def test_api_key_file_is_read(tmp_path: Path) -> None:
+    key = tmp_path / "key"
+    key.write_text("from-file\n")
+    effective = config.resolve({"GLM5_API_KEY_FILE": str(key)})
+    assert effective.argv[-2:] == ["--api-key", "from-file"]
+    assert "from-file" not in json.dumps(effective.state())
+
+
+def test_serve_writes_state_and_marker_then_execs(tmp_path: Path) -> None:
+    program = tmp_path / "fake-server"
+    program.write_text('#!/bin/sh\necho "argv: $*"\necho "nccl: $NCCL_P2P_LEVEL"\n')
+    program.chmod(0o755)
+    env = {"GLM5_STATE_DIR": str(tmp_path / "run"), "GLM5_SERVER_PROGRAM": str(program)}
+    first = launch("--serve", **env)
+    second = launch("--serve", **env)
+    assert first.returncode == 0 and second.returncode == 0, first.stderr
+    assert "glm5-serve: server start #1" in first.stdout and "glm5-serve: server start #2" in second.stdout
+    assert "decode graphs expected 52, prefill 58" in first.stdout
+    assert "argv: --model-path /models/GLM-5-NVFP4" in first.stdout
+    assert "nccl: SYS" in first.stdout
+    state = json.loads((tmp_path / "run/launch.json").read_text())
+    assert state["start"] == 2 and state["decode_expected"] == 52
+
+
+def test_serve_names_a_missing_server_program(tmp_path: Path) -> None:
+    done = launch("--serve", GLM5_STATE_DIR=str(tmp_path), GLM5_SERVER_PROGRAM="/nonexistent/sglang")
+    assert done.returncode == 127
+    assert "not found" in done.stderr
+
+
+def test_reference_lists_every_flag_with_its_reason() -> None:
+    done = launch("--reference")
+    cfg = config.load()
+    for flag in cfg["flag"]:
+        assert f"`{flag['name']}`" in done.stdout
+        assert flag["reason"].strip()
+    for name in cfg["override"]:
+        assert f"`{name}`" in done.stdout
+
+
+def test_readme_configuration_reference_is_current() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert launch("--reference").stdout.strip() in readme, (
+        "README is stale: paste `entrypoint/launch --reference`"
+    )

@@ -1,0 +1,293 @@
+"""Preflight: the catalogue of bad inputs, each refused with its own code and a message naming the fix."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import config
+import preflight
+import pytest
+import weights
+from conftest import ROOT
+
+SMI = ROOT / "tests" / "fixtures" / "nvidia-smi"
+SHARDS = [
+    "model-00001-of-00003.safetensors",
+    "model-00002-of-00003.safetensors",
+    "model-00003-of-00003.safetensors",
+]
+
+
+def make_model(folder: Path) -> Path:
+    """A small stand-in for the GLM-5-NVFP4 folder layout: the files preflight reads, tiny shards."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(
+        json.dumps({"architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa"})
+    )
+    (folder / "hf_quant_config.json").write_text(
+        json.dumps(
+            {
+                "producer": {"name": "modelopt", "version": "0.37.0"},
+                "quantization": {"quant_algo": "NVFP4", "group_size": 16},
+            }
+        )
+    )
+    weight_map = {f"model.layers.{i}.mlp.weight": SHARDS[i % 3] for i in range(9)}
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": weight_map})
+    )
+    for shard in SHARDS:
+        (folder / shard).write_bytes(b"\0" * 64)
+    return folder
+
+
+def values_for(model: Path, **extra: Any) -> dict[str, Any]:
+    return config.resolve({"GLM5_MODEL_DIR": str(model)}).values | extra
+
+
+def gpu_findings(name: str, environ: dict[str, str] | None = None) -> list[preflight.Finding]:
+    return preflight.check_gpus((SMI / name).read_text(), config.resolve({}).values, environ or {})
+
+
+@pytest.mark.parametrize("name", ["ok-8x-workstation-596.csv", "ok-8x-server-580.csv", "ok-8x-maxq-590.csv"])
+def test_real_rtx_pro_6000_machines_pass(name: str) -> None:
+    assert gpu_findings(name) == []
+
+
+GPU_CASES = [
+    ("bad-4x-workstation.csv", preflight.GPU_COUNT, "4 GPU(s) visible"),
+    ("bad-8x-h100.csv", preflight.GPU_PRODUCT, "is not an RTX PRO 6000"),
+    ("bad-8x-h100.csv", preflight.GPU_COMPUTE_CAPABILITY, "compute capability 9.0"),
+    ("bad-8x-h100.csv", preflight.GPU_DRIVER, "driver 570.133.20"),
+    ("bad-8x-rtx6000-ada.csv", preflight.GPU_COMPUTE_CAPABILITY, "compute capability 8.9"),
+    ("bad-8x-rtx6000-ada.csv", preflight.GPU_MEMORY, "49140 MiB"),
+    ("bad-8x-rtx5090.csv", preflight.GPU_PRODUCT, "GeForce RTX 5090"),
+    ("bad-8x-rtx5090.csv", preflight.GPU_MEMORY, "32607 MiB"),
+    ("bad-8x-driver-570.csv", preflight.GPU_DRIVER, "upgrade the host driver"),
+    ("bad-mixed-7-plus-1.csv", preflight.GPU_PRODUCT, "GPU 7 (00000000:E1:00.0"),
+    ("bad-8x-vgpu-slice.csv", preflight.GPU_MEMORY, "no MIG, no vGPU"),
+    ("bad-unreadable-row.csv", preflight.GPU_QUERY_UNREADABLE, "unreadable nvidia-smi row"),
+    ("bad-no-devices.txt", preflight.NVIDIA_SMI_FAILED, "sees no GPU"),
+    ("bad-old-header.csv", preflight.GPU_QUERY_UNREADABLE, "unexpected nvidia-smi header"),
+]
+
+
+@pytest.mark.parametrize(("name", "code", "message"), GPU_CASES)
+def test_wrong_machines_are_refused(name: str, code: int, message: str) -> None:
+    findings = gpu_findings(name)
+    assert any(f.code == code and message in f.message for f in findings), [str(f) for f in findings]
+
+
+def test_only_the_bad_gpu_is_named_in_a_mixed_box() -> None:
+    findings = gpu_findings("bad-mixed-7-plus-1.csv")
+    assert {f.message.split(" (")[0] for f in findings} == {"GPU 7"}
+
+
+def test_gpu_count_names_visible_devices() -> None:
+    findings = gpu_findings("bad-4x-workstation.csv", {"CUDA_VISIBLE_DEVICES": "0,1,2,3"})
+    assert "visible devices 0,1,2,3" in findings[0].message
+    assert "0@00000000:01:00.0" in findings[0].message
+
+
+MODEL_CASES: list[tuple[str, Callable[[Path], None], int, str]] = [
+    (
+        "folder missing",
+        lambda m: None,
+        preflight.MODEL_DIR_MISSING,
+        "hf download nvidia/GLM-5-NVFP4 --local-dir",
+    ),
+    (
+        "no config.json",
+        lambda m: (m / "config.json").unlink(),
+        preflight.MODEL_CONFIG,
+        "config.json is missing",
+    ),
+    (
+        "config.json broken",
+        lambda m: (m / "config.json").write_text("{"),
+        preflight.MODEL_CONFIG,
+        "unreadable",
+    ),
+    (
+        "wrong architecture",
+        lambda m: (m / "config.json").write_text(json.dumps({"architectures": ["DeepseekV3ForCausalLM"]})),
+        preflight.MODEL_ARCHITECTURE,
+        "['DeepseekV3ForCausalLM'], not GlmMoeDsaForCausalLM",
+    ),
+    (
+        "BF16 checkpoint",
+        lambda m: (m / "hf_quant_config.json").unlink(),
+        preflight.MODEL_QUANTIZATION,
+        "not a ModelOpt NVFP4",
+    ),
+    (
+        "FP8 checkpoint",
+        lambda m: (m / "hf_quant_config.json").write_text(
+            json.dumps({"quantization": {"quant_algo": "FP8"}})
+        ),
+        preflight.MODEL_QUANTIZATION,
+        "quant_algo NVFP4",
+    ),
+    (
+        "no index",
+        lambda m: (m / "model.safetensors.index.json").unlink(),
+        preflight.MODEL_INDEX,
+        "download is incomplete",
+    ),
+    (
+        "half-finished download",
+        lambda m: (m / SHARDS[1]).unlink(),
+        preflight.MODEL_SHARDS,
+        "1 of 3 shards missing (model-00002",
+    ),
+    ("empty shard", lambda m: (m / SHARDS[2]).write_bytes(b""), preflight.MODEL_SHARDS, "1 empty"),
+    (
+        "hub leftovers",
+        lambda m: (m / ".cache/huggingface/download").mkdir(parents=True)
+        or (m / ".cache/huggingface/download/x.incomplete").write_text("x"),
+        preflight.MODEL_SHARDS,
+        "unfinished download",
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "damage", "code", "message"), MODEL_CASES, ids=[c[0] for c in MODEL_CASES])
+def test_bad_model_folders_are_refused(
+    tmp_path: Path, case: str, damage: Callable[[Path], None], code: int, message: str
+) -> None:
+    model = tmp_path / "GLM-5-NVFP4"
+    if case != "folder missing":
+        make_model(model)
+    damage(model)
+    findings = preflight.check_model(values_for(model))
+    assert [f.code for f in findings] == [code], [str(f) for f in findings]
+    assert message in findings[0].message
+    assert findings[0].setting == "GLM5_MODEL_DIR"
+
+
+def test_a_complete_model_folder_passes(tmp_path: Path) -> None:
+    assert preflight.check_model(values_for(make_model(tmp_path / "m"))) == []
+
+
+def test_modelopt_quantization_config_in_config_json_is_accepted(tmp_path: Path) -> None:
+    model = make_model(tmp_path / "m")
+    (model / "hf_quant_config.json").unlink()
+    cfg = json.loads((model / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "modelopt", "quant_algo": "NVFP4"}
+    (model / "config.json").write_text(json.dumps(cfg))
+    assert preflight.check_model(values_for(model)) == []
+
+
+def test_shm_size_is_measured(tmp_path: Path) -> None:
+    values = config.resolve({}).values
+    assert preflight.check_shm(values | {"min_shm_gib": 0}, tmp_path) == []
+    findings = preflight.check_shm(values | {"min_shm_gib": 10**9}, tmp_path)
+    assert findings[0].code == preflight.SHM_TOO_SMALL and "ipc: host" in findings[0].message
+
+
+def test_flashinfer_check_uses_patches_verify(
+    monkeypatch: pytest.MonkeyPatch, unpatched_tree: Path, patched_tree: Path, fake_nvcc: Path
+) -> None:
+    monkeypatch.setenv("PATH", f"{fake_nvcc / 'bin'}:{os.environ['PATH']}")
+    monkeypatch.setenv("FLASHINFER_CUDA_VERSION", "12.9")
+    monkeypatch.setenv("PYTHONPATH", str(patched_tree))
+    assert preflight.check_flashinfer() == []
+    monkeypatch.setenv("FLASHINFER_CUDA_VERSION", "13.0")
+    mismatch = preflight.check_flashinfer()
+    assert [f.code for f in mismatch] == [preflight.FLASHINFER]
+    assert mismatch[0].setting == "FLASHINFER_CUDA_VERSION" and "says 12.9" in mismatch[0].message
+    monkeypatch.setenv("FLASHINFER_CUDA_VERSION", "v12.9")
+    assert "malformed" in preflight.check_flashinfer()[0].message
+    monkeypatch.setenv("PYTHONPATH", str(unpatched_tree))
+    assert "run patches/apply" in preflight.check_flashinfer()[0].message
+
+
+def test_server_flags_go_through_sglangs_parser(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(ROOT / "tests" / "stubs"))
+    argv = config.resolve({}).argv[3:]
+    assert preflight.check_flags(argv) == []
+    findings = preflight.check_flags([*argv, "--no-such-flag"])
+    assert (
+        findings[0].code == preflight.SERVER_FLAGS
+        and "unrecognized arguments: --no-such-flag" in findings[0].message
+    )
+
+
+def test_skip_setting_is_validated_and_logged() -> None:
+    assert preflight.skipped_checks({"GLM5_SKIP_PREFLIGHT": "gpu,shm"})[0] == {"gpu", "shm"}
+    assert preflight.skipped_checks({"GLM5_SKIP_PREFLIGHT": "all"})[0] == set(preflight.CHECKS)
+    _, findings = preflight.skipped_checks({"GLM5_SKIP_PREFLIGHT": "gpus"})
+    assert findings[0].code == preflight.SKIP_SETTING and "unknown check(s) gpus" in findings[0].message
+
+
+def run_prepare(tmp_path: Path, smi_fixture: str, **env: str) -> subprocess.CompletedProcess[str]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\ncat '{SMI / smi_fixture}'\n")
+    smi.chmod(0o755)
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("GLM5_", "FLASHINFER_"))}
+    full = base | {"PATH": f"{bin_dir}:{os.environ['PATH']}"} | env
+    return subprocess.run(
+        [sys.executable, str(ROOT / "entrypoint/launch"), "--prepare"],
+        capture_output=True,
+        text=True,
+        env=full,
+        check=False,
+        timeout=300,
+    )
+
+
+def test_prepare_collects_every_problem_and_exits_with_the_first_code(tmp_path: Path) -> None:
+    done = run_prepare(
+        tmp_path,
+        "bad-4x-workstation.csv",
+        GLM5_MODEL_DIR=str(tmp_path / "absent"),
+        GLM5_SKIP_PREFLIGHT="shm,flashinfer,flags",
+    )
+    assert done.returncode == preflight.GPU_COUNT
+    assert "WARNING: check 'shm' skipped by GLM5_SKIP_PREFLIGHT" in done.stderr
+    assert "[13] GPUs: 4 GPU(s) visible" in done.stderr
+    assert "[30] GLM5_MODEL_DIR" in done.stderr
+    assert "2 problem(s)" in done.stderr
+
+
+def test_prepare_passes_on_a_good_box(tmp_path: Path) -> None:
+    model = make_model(tmp_path / "m")
+    done = run_prepare(
+        tmp_path,
+        "ok-8x-server-580.csv",
+        GLM5_MODEL_DIR=str(model),
+        GLM5_SKIP_PREFLIGHT="shm,flashinfer,flags",
+    )
+    assert done.returncode == 0, done.stderr
+    assert "preflight: ok" in done.stderr
+
+
+def test_opt_in_download_fetches_into_the_model_dir(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("hf_x\n")
+    calls: list[dict[str, Any]] = []
+    values = values_for(tmp_path / "m")
+    errors = weights.download(
+        values, {"HF_TOKEN_FILE": str(token)}, lambda _m: None, lambda **kw: calls.append(kw) or ""
+    )
+    assert errors == []
+    assert calls == [{"repo_id": "nvidia/GLM-5-NVFP4", "local_dir": str(tmp_path / "m"), "token": "hf_x"}]
+    assert weights.wanted({"GLM5_DOWNLOAD": "1"}) == (True, None)
+    assert weights.wanted({}) == (False, None)
+    assert "expected 1" in str(weights.wanted({"GLM5_DOWNLOAD": "maybe"})[1])
+
+
+def test_download_failure_is_reported(tmp_path: Path) -> None:
+    def fail(**_kw: Any) -> str:
+        raise OSError("no route to host")
+
+    errors = weights.download(values_for(tmp_path / "m"), {}, lambda _m: None, fail)
+    assert "downloading nvidia/GLM-5-NVFP4 failed: no route to host" in errors[0]
