@@ -9,9 +9,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import batch_sizes
 import config
-import pytest
 from conftest import ROOT
 
 LAUNCH = ROOT / "entrypoint" / "launch"

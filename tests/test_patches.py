@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from conftest import ROOT, copy_flashinfer, run_apply, run_scenarios, tree_env
 
 PATCHES = ROOT / "patches"

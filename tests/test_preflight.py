@@ -10,9 +10,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import config
 import preflight
-import pytest
 import weights
 from conftest import ROOT
 

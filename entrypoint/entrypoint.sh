@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Container entrypoint (PID 1): validate and preflight, then run the server under supervisord.
+#   entrypoint.sh            serve (the default)
+#   entrypoint.sh CMD ...    run CMD instead (e.g. entrypoint/launch --dry-run, bash)
+# Exit codes: those of `launch --prepare` (3, 10-42), 70 when the server went FATAL, else supervisord's.
+set -Eeuo pipefail
+
+GLM5_HOME=${GLM5_HOME:-/opt/glm5}
+export GLM5_HOME
+readonly FATAL_EXIT=70
+
+log() { printf 'glm5-serve: %s\n' "$*" >&2; }
+
+# Export the GLM5_* settings supervisord.conf expands, from glm5.toml and the overrides.
+load_settings() {
+  local lines key value
+  lines=$("$GLM5_HOME/entrypoint/launch" --supervisor-env)
+  while IFS='=' read -r key value; do
+    export "$key=$value"
+  done <<<"$lines"
+  mkdir -p "$GLM5_LOG_DIR" "$GLM5_STATE_DIR"
+  rm -f "$GLM5_STATE_DIR/fatal"
+}
+
+# Run supervisord as a child so its exit can be judged; forward SIGTERM/SIGINT to it.
+run_supervisor() {
+  local child status
+  supervisord -c "$GLM5_HOME/entrypoint/supervisord.conf" &
+  child=$!
+  trap 'log "stopping (drain bound ${GLM5_DRAIN_SECONDS}s)"; kill -TERM "$child" 2>/dev/null || true' TERM INT
+  # wait returns early when a trapped signal arrives: wait again until supervisord has exited.
+  while kill -0 "$child" 2>/dev/null; do
+    status=0
+    wait "$child" || status=$?
+  done
+  if [[ -f "$GLM5_STATE_DIR/fatal" ]]; then
+    log "$(cat "$GLM5_STATE_DIR/fatal")"
+    return "$FATAL_EXIT"
+  fi
+  return "$status"
+}
+
+main() {
+  if [[ $# -gt 0 && $1 != serve ]]; then
+    exec "$@"
+  fi
+  load_settings
+  "$GLM5_HOME/entrypoint/launch" --prepare
+  run_supervisor
+}
+
+if ! (return 0 2>/dev/null); then
+  main "$@"
+fi

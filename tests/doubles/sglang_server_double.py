@@ -1,0 +1,466 @@
+#!/usr/bin/env python3
+"""TEST DOUBLE of the SGLang 0.5.23 server: not SGLang, no model, no GPU.
+
+It accepts the server's command line, prints startup output in SGLang 0.5.23's formats (weight
+load, breakable prefill capture, decode capture with tqdm frames joined by carriage returns, the
+ready line), then serves the HTTP contract the kit relies on: /health 503 until warm-up then 200,
+/v1/models, /model_info, /v1/chat/completions (plain, streamed, tool calls, reasoning),
+/v1/completions, /generate (streamed), /metrics. Answers come from a small fixed table.
+
+Behaviour is chosen with SGLANG_DOUBLE_MODE (comma list): ok, crash-loading, oom-capture,
+short-capture, never-ready, slow-drain, empty-text, wrong-model, no-tools, no-reasoning, crash-once.
+SGLANG_DOUBLE_TICK scales the pauses (seconds per step, default 0.01). A child process stands in for
+the TP scheduler processes, so tests can check that stopping leaves no orphan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+MODES = set(filter(None, os.environ.get("SGLANG_DOUBLE_MODE", "ok").split(",")))
+TICK = float(os.environ.get("SGLANG_DOUBLE_TICK", "0.01"))
+ANSWERS = {"capital of france": "Paris", "2+2": "4", "2 + 2": "4"}
+STATE = {"ready": False, "requests": 0, "prompt_tokens": 0, "generation_tokens": 0, "draining": False}
+
+
+def stamp(rank: int | None = None) -> str:
+    now = time.strftime("%Y-%m-%d %H:%M:%S")
+    return f"[{now} TP{rank}]" if rank is not None else f"[{now}]"
+
+
+def log(line: str, rank: int | None = None) -> None:
+    sys.stdout.write(f"{stamp(rank)} {line}\n")
+    sys.stdout.flush()
+
+
+def decode_sizes(max_bs: int) -> list[int]:
+    sizes = (
+        [1, 2, 4, 8, 12]
+        + list(range(16, 257, 8))
+        + list(range(272, 512, 16))
+        + list(range(512, max_bs + 1, 32))
+    )
+    sizes = [s for s in sizes if s <= max_bs]
+    return sizes if max_bs in sizes else [*sizes, max_bs]
+
+
+def prefill_sizes(max_tokens: int) -> list[int]:
+    sizes = (
+        list(range(4, 33, 4))
+        + list(range(48, 257, 16))
+        + list(range(288, 513, 32))
+        + list(range(576, 1025, 64))
+        + list(range(1280, 4097, 256))
+        + list(range(4608, max_tokens + 1, 512))
+    )
+    return [s for s in sizes if s <= max_tokens]
+
+
+def tqdm_frames(label: str, key: str, values: list[int], avail: float, fail_at: int | None = None) -> None:
+    """tqdm frames on one line joined by \\r, in capture order (largest first), as TP0 prints them."""
+    total = len(values)
+    sys.stdout.write(f"  0%|          | 0/{total} [00:00<?, ?it/s]")
+    for n, value in enumerate(reversed(values)):
+        if fail_at is not None and n == fail_at:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+            return
+        pct = int(100 * n / total)
+        bar = ("#" * (pct // 10)).ljust(10)
+        sys.stdout.write(
+            f"\r{label} ({key}={value} avail_mem={avail:.2f} GB): {pct:3d}%|{bar}| {n}/{total} [00:{n:02d}<00:10, 4.20it/s]"
+        )
+        sys.stdout.flush()
+        time.sleep(TICK)
+    sys.stdout.write(
+        f"\r{label} ({key}={values[0]} avail_mem={avail:.2f} GB): 100%|##########| {total}/{total} [00:12<00:00, 4.20it/s]\n"
+    )
+    sys.stdout.flush()
+
+
+def traceback_exit(kind: str) -> None:
+    sys.stdout.write("Traceback (most recent call last):\n")
+    sys.stdout.write(
+        '  File "/usr/local/lib/python3.12/dist-packages/sglang/srt/managers/scheduler.py", line 3312, in run_scheduler_process\n'
+    )
+    if kind == "oom":
+        sys.stdout.write(
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.02 GiB. GPU 0 has a total capacity of 94.97 GiB "
+            "of which 612.00 MiB is free.\n"
+        )
+    else:
+        sys.stdout.write("RuntimeError: TllmGenFmhaRunner: Unsupported architecture\n")
+    log("Received sigquit from a child process. It usually means the child failed.")
+    sys.stdout.flush()
+    sys.exit(1)
+
+
+def startup(args: argparse.Namespace) -> None:
+    log(
+        f"server_args=ServerArgs(model_path='{args.model_path}', tp_size={args.tp_size}, port={args.port}, ...)"
+    )
+    for rank in range(args.tp_size):
+        log("Load weight begin. avail mem=94.62 GB", rank)
+    time.sleep(TICK * 5)
+    if "crash-loading" in MODES or ("crash-once" in MODES and first_start()):
+        traceback_exit("runtime")
+    for rank in range(args.tp_size):
+        log(
+            "Load weight end. elapsed=36.12 s, type=GlmMoeDsaForCausalLM, quant=modelopt_fp4, avail mem=37.51 GB, mem usage=57.11 GB.",
+            rank,
+        )
+    prefill = prefill_sizes(min(8192, args.chunked_prefill_size or 8192))
+    for rank in range(args.tp_size):
+        log(
+            f"Capture target prefill CUDA graph begin. backend=breakable, num_tokens={prefill}, avail mem=19.80 GB",
+            rank,
+        )
+    tqdm_frames("Capturing prefill shape", "num_tokens", prefill, 19.8)
+    for rank in range(args.tp_size):
+        log(
+            "Capture target prefill CUDA graph end. elapsed=21.40 s, mem usage=0.92 GB, avail mem=18.88 GB.",
+            rank,
+        )
+    max_bs = args.cuda_graph_max_bs_decode or 512
+    decode = decode_sizes(256 if "short-capture" in MODES else max_bs)
+    for rank in range(args.tp_size):
+        log(
+            "Capture target decode CUDA graph begin. backend=full, num_tokens_per_req=1, avail mem=18.88 GB",
+            rank,
+        )
+    tqdm_frames("Capturing batches", "bs", decode, 18.88, fail_at=20 if "oom-capture" in MODES else None)
+    if "oom-capture" in MODES:
+        traceback_exit("oom")
+    for rank in range(args.tp_size):
+        log(
+            f"Capture target decode CUDA graph end. bs={decode}, elapsed=187.30 s, mem usage=3.10 GB, avail mem=15.78 GB.",
+            rank,
+        )
+    log(
+        "max_total_num_tokens=412160, chunked_prefill_size=8192, max_running_requests=1024, context_len=202752, available_gpu_mem=15.61 GB",
+        0,
+    )
+
+
+def first_start() -> bool:
+    marker = Path(os.environ.get("SGLANG_DOUBLE_STATE", "/tmp")) / "sglang-double-started-once"
+    if marker.exists():
+        return False
+    marker.write_text("1")
+    return True
+
+
+def answer(prompt: str) -> str:
+    if "empty-text" in MODES:
+        return ""
+    low = prompt.lower()
+    return next((a for q, a in ANSWERS.items() if q in low), "I do not know.")
+
+
+class Handler(BaseHTTPRequestHandler):
+    server_version = "uvicorn"
+    args: argparse.Namespace
+
+    def log_message(self, fmt: str, *a: Any) -> None:
+        log(
+            f'{self.client_address[0]}:{self.client_address[1]} - "{self.command} {self.path}" {a[1] if len(a) > 1 else ""}'
+        )
+
+    def send_json(self, code: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def authorized(self) -> bool:
+        key = self.args.api_key
+        if key and self.headers.get("Authorization") != f"Bearer {key}":
+            self.send_json(401, {"error": "Unauthorized"})
+            return False
+        return True
+
+    def model_name(self) -> str:
+        return "not-glm" if "wrong-model" in MODES else (self.args.served_model_name or self.args.model_path)
+
+    def do_GET(self) -> None:
+        path = self.path.split("?")[0]
+        if path in ("/health", "/health_generate", "/ready", "/ping"):
+            ok = STATE["ready"] and not STATE["draining"]
+            self.send_json(200 if ok else 503, {} if ok else {"error": "starting"})
+        elif path == "/metrics":
+            self.send_metrics()
+        elif not self.authorized():
+            return
+        elif path == "/v1/models":
+            self.send_json(
+                200,
+                {
+                    "object": "list",
+                    "data": [
+                        {
+                            "id": self.model_name(),
+                            "object": "model",
+                            "owned_by": "sglang",
+                            "max_model_len": 202752,
+                        }
+                    ],
+                },
+            )
+        elif path in ("/model_info", "/get_model_info"):
+            self.send_json(200, {"model_path": self.args.model_path, "is_generation": True})
+        else:
+            self.send_json(404, {"detail": "Not Found"})
+
+    def do_POST(self) -> None:
+        if not self.authorized():
+            return
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        STATE["requests"] += 1
+        path = self.path.split("?")[0]
+        if path == "/v1/chat/completions":
+            self.chat(body)
+        elif path == "/v1/completions":
+            text = answer(str(body.get("prompt", "")))
+            self.count(str(body.get("prompt", "")), text)
+            if body.get("stream"):
+                self.stream(
+                    [
+                        {
+                            "choices": [
+                                {"index": 0, "text": " " + text if text else "", "finish_reason": None}
+                            ]
+                        },
+                        {"choices": [{"index": 0, "text": "", "finish_reason": "stop"}]},
+                    ],
+                    "cmpl",
+                )
+            else:
+                self.send_json(
+                    200,
+                    {
+                        "id": "cmpl-" + uuid.uuid4().hex,
+                        "object": "text_completion",
+                        "model": self.model_name(),
+                        "choices": [
+                            {"index": 0, "text": (" " + text) if text else "", "finish_reason": "stop"}
+                        ],
+                        "usage": self.usage(str(body.get("prompt", "")), text),
+                    },
+                )
+        elif path == "/generate":
+            self.generate(body)
+        else:
+            self.send_json(404, {"detail": "Not Found"})
+
+    def usage(self, prompt: str, text: str) -> dict[str, int]:
+        p, c = max(1, len(prompt.split())), len(text.split())
+        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+    def count(self, prompt: str, text: str) -> None:
+        STATE["prompt_tokens"] += max(1, len(prompt.split()))
+        STATE["generation_tokens"] += len(text.split())
+
+    def chat(self, body: dict[str, Any]) -> None:
+        prompt = " ".join(str(m.get("content", "")) for m in body.get("messages", []))
+        text = answer(prompt)
+        self.count(prompt, text)
+        thinking = (body.get("chat_template_kwargs") or {}).get("enable_thinking", True)
+        reasoning = (
+            f"The user asks a short factual question; the answer is {text}." if thinking and text else None
+        )
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        finish = "stop"
+        tools = body.get("tools") or []
+        if tools and "no-tools" not in MODES:
+            fn = tools[0]["function"]
+            params = fn.get("parameters", {})
+            arguments = {k: "Paris" for k in params.get("required", params.get("properties", {}))}
+            message = {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_" + uuid.uuid4().hex[:8],
+                        "index": 0,
+                        "type": "function",
+                        "function": {"name": fn["name"], "arguments": json.dumps(arguments)},
+                    }
+                ],
+            }
+            finish = "tool_calls"
+        elif reasoning and "no-reasoning" in MODES:
+            message["content"] = f"<think>{reasoning}</think>{text}"
+        elif reasoning:
+            message["reasoning_content"] = reasoning
+        if body.get("stream"):
+            chunks = [
+                {
+                    "choices": [
+                        {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+                    ]
+                }
+            ]
+            if message.get("reasoning_content"):
+                chunks.append(
+                    {
+                        "choices": [
+                            {
+                                "index": 0,
+                                "delta": {"reasoning_content": message["reasoning_content"]},
+                                "finish_reason": None,
+                            }
+                        ]
+                    }
+                )
+            for word in (message.get("content") or "").split(" "):
+                if word:
+                    chunks.append(
+                        {"choices": [{"index": 0, "delta": {"content": word}, "finish_reason": None}]}
+                    )
+            chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
+            self.stream(chunks, "chatcmpl")
+            return
+        self.send_json(
+            200,
+            {
+                "id": "chatcmpl-" + uuid.uuid4().hex,
+                "object": "chat.completion",
+                "model": self.model_name(),
+                "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                "usage": self.usage(prompt, text),
+            },
+        )
+
+    def generate(self, body: dict[str, Any]) -> None:
+        params = body.get("sampling_params") or {}
+        n = int(params.get("max_new_tokens", 16))
+        text = " tok" * n
+        STATE["generation_tokens"] += n
+        meta = {
+            "prompt_tokens": len(str(body.get("text", "")).split()),
+            "completion_tokens": n,
+            "finish_reason": {"type": "length", "length": n},
+        }
+        if body.get("stream"):
+            self.stream(
+                [
+                    {"text": text[: 4 * (i + 1)], "meta_info": meta | {"completion_tokens": i + 1}}
+                    for i in range(n)
+                ],
+                "gen",
+            )
+        else:
+            self.send_json(200, {"text": text, "meta_info": meta})
+
+    def stream(self, chunks: list[dict[str, Any]], kind: str) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.end_headers()
+        ident = f"{kind}-{uuid.uuid4().hex}"
+        for chunk in chunks:
+            if kind != "gen":
+                chunk = {
+                    "id": ident,
+                    "object": "chat.completion.chunk" if kind == "chatcmpl" else "text_completion",
+                    "model": self.model_name(),
+                } | chunk
+            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            self.wfile.flush()
+            time.sleep(TICK / 10)
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+        self.close_connection = True
+
+    def send_metrics(self) -> None:
+        name = self.model_name()
+        lines = [
+            "# HELP sglang:prompt_tokens_total Number of prefill tokens processed.",
+            "# TYPE sglang:prompt_tokens_total counter",
+            f'sglang:prompt_tokens_total{{model_name="{name}"}} {STATE["prompt_tokens"]}.0',
+            "# TYPE sglang:generation_tokens_total counter",
+            f'sglang:generation_tokens_total{{model_name="{name}"}} {STATE["generation_tokens"]}.0',
+            "# TYPE sglang:num_running_reqs gauge",
+            f'sglang:num_running_reqs{{model_name="{name}"}} 0.0',
+            "# TYPE sglang:cache_hit_rate gauge",
+            f'sglang:cache_hit_rate{{model_name="{name}"}} 0.0',
+        ]
+        data = ("\n".join(lines) + "\n").encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="sglang-server-double")
+    parser.add_argument("--model-path", required=True)
+    parser.add_argument("--served-model-name")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument("--tp-size", type=int, default=1)
+    parser.add_argument("--cuda-graph-max-bs-decode", type=int)
+    parser.add_argument("--chunked-prefill-size", type=int)
+    parser.add_argument("--api-key")
+    return parser.parse_known_args(argv)[0]
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--scheduler-child"]:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN if "slow-drain" in MODES else signal.SIG_DFL)
+        while True:
+            time.sleep(1)
+    args = parse_args(sys.argv[1:])
+    child = subprocess.Popen([sys.executable, __file__, "--scheduler-child"])
+    startup(args)
+    Handler.args = args
+    server = ThreadingHTTPServer((args.host, args.port), Handler)
+
+    def on_term(_sig: int, _frame: Any) -> None:
+        STATE["draining"] = True
+        log("Signal SIGTERM received. Gracefully exiting...")
+        if "slow-drain" in MODES:
+            threading.Thread(target=slow_drain, daemon=True).start()
+            return
+        child.terminate()
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, on_term)
+    log(f"Uvicorn running on http://{args.host}:{args.port} (Press CTRL+C to quit)")
+    if "never-ready" not in MODES:
+        threading.Thread(target=warm_up, daemon=True).start()
+    server.serve_forever()
+    child.wait(timeout=10)
+
+
+def warm_up() -> None:
+    time.sleep(TICK * 20)
+    log('127.0.0.1:40000 - "POST /generate HTTP/1.1" 200')
+    STATE["ready"] = True
+    log("The server is fired up and ready to roll!")
+
+
+def slow_drain() -> None:
+    while True:
+        log(
+            "Gracefully exiting... Remaining number of requests 1. Remaining requests remaining_rids=['double-1']."
+        )
+        time.sleep(1)
+
+
+if __name__ == "__main__":
+    main()

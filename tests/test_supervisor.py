@@ -1,0 +1,244 @@
+"""entrypoint.sh + the real supervisord running the SGLang server test double: start, restart, FATAL, stop."""
+
+from __future__ import annotations
+
+import configparser
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import ROOT
+
+CONF = ROOT / "entrypoint" / "supervisord.conf"
+DOUBLE = ROOT / "tests" / "doubles" / "sglang_server_double.py"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Container:
+    """entrypoint.sh as PID 1 would run it, on this machine, with the double as the server program."""
+
+    proc: subprocess.Popen[str]
+    port: int
+    tmp: Path
+
+    @property
+    def log(self) -> Path:
+        return self.tmp / "log" / "server.log"
+
+    def health(self) -> int:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as r:
+                return int(r.status)
+        except urllib.error.HTTPError as err:
+            return err.code
+        except OSError:
+            return 0
+
+    def wait_healthy(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.health() == 200:
+                return
+            assert self.proc.poll() is None, f"entrypoint exited {self.proc.returncode}: {self.output()}"
+            time.sleep(0.2)
+        raise AssertionError(f"not healthy in {timeout}s: {self.output()}")
+
+    def output(self) -> str:
+        return self.log.read_text() if self.log.exists() else "(no server.log)"
+
+    def leftovers(self) -> list[psutil.Process]:
+        """Processes started for this run that are still alive (matched by their environment)."""
+        mine = []
+        for p in psutil.process_iter():
+            try:
+                if (
+                    p.environ().get("SGLANG_DOUBLE_STATE") == str(self.tmp)
+                    and p.status() != psutil.STATUS_ZOMBIE
+                ):
+                    mine.append(p)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        return mine
+
+
+def start(tmp: Path, mode: str = "ok", **env: str) -> Container:
+    port = free_port()
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("GLM5_", "SGLANG_DOUBLE"))}
+    full |= {
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "GLM5_HOME": str(ROOT),
+        "GLM5_LOG_DIR": str(tmp / "log"),
+        "GLM5_STATE_DIR": str(tmp / "run"),
+        "GLM5_PORT": str(port),
+        "GLM5_SKIP_PREFLIGHT": "all",
+        "GLM5_SERVER_PROGRAM": f"{sys.executable} {DOUBLE}",
+        "GLM5_START_SECONDS": "4",
+        "GLM5_START_RETRIES": "1",
+        "GLM5_DRAIN_SECONDS": "3",
+        "SGLANG_DOUBLE_MODE": mode,
+        "SGLANG_DOUBLE_STATE": str(tmp),
+    } | env
+    proc = subprocess.Popen(
+        [str(ROOT / "entrypoint" / "entrypoint.sh")],
+        env=full,
+        stdout=(tmp / "stdout").open("w"),
+        stderr=(tmp / "stderr").open("w"),
+        text=True,
+        start_new_session=True,
+    )
+    return Container(proc, port, tmp)
+
+
+@pytest.fixture
+def container_factory(tmp_path: Path) -> Iterator[list[Container]]:
+    made: list[Container] = []
+    yield made
+    for c in made:
+        if c.proc.poll() is None:
+            os.killpg(c.proc.pid, signal.SIGKILL)
+        for p in c.leftovers():
+            p.kill()
+
+
+def test_serves_and_stops_cleanly_on_sigterm(tmp_path: Path, container_factory: list[Container]) -> None:
+    c = start(tmp_path)
+    container_factory.append(c)
+    c.wait_healthy()
+    log = c.output()
+    assert "===== glm5-serve: server start #1" in log
+    assert "Capture target decode CUDA graph end. bs=[1, 2, 4" in log
+    time.sleep(1.5)  # logtail polls: docker logs (stdout) gets the same lines
+    stdout = (tmp_path / "stdout").read_text()
+    assert "The server is fired up and ready to roll!" in stdout
+    assert "glm5-serve: server start #1" in stdout
+    assert len(c.leftovers()) >= 2  # the server and its scheduler stand-in
+    c.proc.send_signal(signal.SIGTERM)
+    assert c.proc.wait(timeout=15) == 0
+    assert c.leftovers() == []
+
+
+def test_crash_restarts_with_a_new_marker(tmp_path: Path, container_factory: list[Container]) -> None:
+    c = start(tmp_path, "crash-once")
+    container_factory.append(c)
+    c.wait_healthy()
+    log = c.output()
+    assert "RuntimeError: TllmGenFmhaRunner" in log
+    assert log.index("server start #1") < log.index("RuntimeError") < log.index("server start #2")
+    c.proc.send_signal(signal.SIGTERM)
+    assert c.proc.wait(timeout=15) == 0
+
+
+def test_repeated_failure_goes_fatal_and_exits_non_zero(
+    tmp_path: Path, container_factory: list[Container]
+) -> None:
+    c = start(tmp_path, "crash-loading")
+    container_factory.append(c)
+    assert c.proc.wait(timeout=60) == 70
+    assert "went FATAL" in (tmp_path / "stderr").read_text()
+    assert c.output().count("glm5-serve: server start #") == 2  # first start + GLM5_START_RETRIES=1
+    assert c.leftovers() == []
+
+
+def test_sigterm_drain_is_bounded(tmp_path: Path, container_factory: list[Container]) -> None:
+    c = start(tmp_path, "slow-drain")
+    container_factory.append(c)
+    c.wait_healthy()
+    began = time.monotonic()
+    c.proc.send_signal(signal.SIGTERM)
+    assert c.proc.wait(timeout=30) == 0
+    elapsed = time.monotonic() - began
+    assert 2.5 <= elapsed < 10, f"stop took {elapsed:.1f}s with GLM5_DRAIN_SECONDS=3"
+    assert "Gracefully exiting... Remaining number of requests 1" in c.output()
+    assert c.leftovers() == []
+
+
+def test_preflight_failure_stops_before_supervisord(
+    tmp_path: Path, container_factory: list[Container]
+) -> None:
+    c = start(tmp_path, GLM5_SKIP_PREFLIGHT="gpu,shm,flashinfer,flags", GLM5_MODEL_DIR=str(tmp_path / "none"))
+    container_factory.append(c)
+    assert c.proc.wait(timeout=30) == 30
+    assert "hf download nvidia/GLM-5-NVFP4" in (tmp_path / "stderr").read_text()
+    assert not c.log.exists()
+
+
+def test_entrypoint_runs_other_commands(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            str(ROOT / "entrypoint/entrypoint.sh"),
+            sys.executable,
+            str(ROOT / "entrypoint/launch"),
+            "--dry-run",
+        ],
+        capture_output=True,
+        text=True,
+        env=os.environ | {"GLM5_HOME": str(ROOT)},
+        check=False,
+    )
+    assert done.returncode == 0 and "sglang.launch_server" in done.stdout
+
+
+def test_supervisord_reads_every_key_in_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """supervisord ignores unknown keys silently: every key must be one its own loader asks for."""
+    from supervisor import options
+
+    asked: set[tuple[str, str]] = set()
+    original = options.UnhosedConfigParser.get
+
+    def recording(
+        self: configparser.RawConfigParser, section: str, option: str, *a: object, **kw: object
+    ) -> object:
+        asked.add((section, option))
+        return original(self, section, option, *a, **kw)
+
+    monkeypatch.setattr(options.UnhosedConfigParser, "get", recording)
+    for key in ("LOG_DIR", "STATE_DIR"):
+        (tmp_path / key).mkdir()
+        monkeypatch.setenv(f"GLM5_{key}", str(tmp_path / key))
+    for key, value in {
+        "HOME": "/opt/glm5",
+        "START_SECONDS": "5",
+        "START_RETRIES": "2",
+        "DRAIN_SECONDS": "3",
+    }.items():
+        monkeypatch.setenv(f"GLM5_{key}", value)
+    monkeypatch.setenv("GLM5_LOG_MAX_BYTES", "1000")
+    monkeypatch.setenv("GLM5_LOG_BACKUPS", "2")
+    options.ServerOptions().realize(args=["-c", str(CONF)])
+    options.ClientOptions().realize(args=["-c", str(CONF)])
+    parser = configparser.RawConfigParser(inline_comment_prefixes=(";", "#"), strict=False)
+    parser.read(CONF)
+    unread = [
+        (s, k)
+        for s in parser.sections()
+        if not s.startswith("rpcinterface:")
+        for k in parser.options(s)
+        if (s, k) not in asked
+    ]
+    assert unread == [], f"supervisord would ignore these keys: {unread}"
+
+
+def test_drain_bound_matches_the_configuration() -> None:
+    parser = configparser.RawConfigParser(inline_comment_prefixes=(";",), strict=False)
+    parser.read(CONF)
+    program = parser["program:sglang"]
+    assert program["stopwaitsecs"] == "%(ENV_GLM5_DRAIN_SECONDS)s"
+    assert program["stopasgroup"] == "true" and program["killasgroup"] == "true"
+    assert program["stdout_logfile_maxbytes"] == "%(ENV_GLM5_LOG_MAX_BYTES)s"
