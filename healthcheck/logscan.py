@@ -1,0 +1,153 @@
+"""Read SGLang's startup progress from the tail of its log: the only progress signal it gives.
+
+Understands SGLang 0.5.23's lines (breakable prefill and full decode capture, with a TPn rank prefix,
+tqdm frames joined by carriage returns) and the older formats (`Capture cuda graph bs [...]`,
+`Capture cuda graph end. Time elapsed`, piecewise `Capturing num tokens`). Only the current run
+counts: everything after the last `glm5-serve: server start #N` marker written by entrypoint/launch.
+Works on bytes with compiled patterns, so a probe costs the same on a 1 GB log as on a small one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+TAIL_BYTES = 4 * 1024 * 1024
+MARKER = re.compile(rb"glm5-serve: server start #(\d+) at (\S+)")
+NUMS = rb"\[([0-9, ]*)\]"
+FRAME_TAIL = rb"[^)\r\n]*\):\s*\d+%\|[^|\r\n]*\|\s*(\d+)/(\d+)"
+
+EVENTS: dict[str, re.Pattern[bytes]] = {
+    "load_begin": re.compile(rb"Load weight begin"),
+    "load_end": re.compile(rb"Load weight end"),
+    "prefill_begin": re.compile(
+        rb"Capture target prefill CUDA graph begin\. backend=\w+, num_tokens=" + NUMS
+    ),
+    "prefill_begin_legacy": re.compile(rb"Capture piecewise CUDA graph begin"),
+    "prefill_list_legacy": re.compile(rb"Capture cuda graph num tokens " + NUMS),
+    "prefill_frame": re.compile(rb"Captur(?:ing prefill shape|ing num tokens) \(num_tokens=\d+" + FRAME_TAIL),
+    "prefill_end": re.compile(rb"Capture (?:target prefill|piecewise) CUDA graph end"),
+    "decode_begin": re.compile(
+        rb"Capture target (?:decode|verify) CUDA graph begin|Capture cuda graph begin"
+    ),
+    "decode_list_legacy": re.compile(rb"Capture cuda graph bs " + NUMS),
+    "decode_frame": re.compile(rb"Capturing batches \(bs=\d+" + FRAME_TAIL),
+    "decode_end": re.compile(rb"Capture target (?:decode|verify) CUDA graph end\. bs=" + NUMS),
+    "decode_end_legacy": re.compile(rb"Capture cuda graph end\. Time elapsed"),
+    "ready": re.compile(rb"The server is fired up and ready to roll!"),
+    "traceback": re.compile(rb"Traceback \(most recent call last\)"),
+    "oom": re.compile(rb"(?:OutOfMemoryError|CUDA out of memory)[^\r\n]*"),
+    "sigquit": re.compile(rb"Received sigquit from a child process"),
+    "capture_failed": re.compile(rb"Capture cuda graph failed[^\r\n]*"),
+}
+# Every event line contains one of these; bytes.find locates them at memory speed, and the
+# patterns then run only on those lines (a tqdm frame or a record between \r and \n counts as a line).
+KEYWORDS = (
+    b"Load weight",
+    b"Captur",
+    b"fired up",
+    b"Traceback",
+    b"OutOfMemoryError",
+    b"out of memory",
+    b"sigquit",
+)
+MARKER_TEXT = b"glm5-serve: server start #"
+EXCEPTION_LINE = re.compile(rb"^((?:[A-Za-z_][\w.]*)?(?:Error|Exception|Interrupt): [^\r\n]*)", re.M)
+
+
+class Scan:
+    """What the current run's log says (a plain class: dataclasses costs a probe 10 ms to import)."""
+
+    def __init__(self, bytes_read: int = 0, **facts: object) -> None:
+        self.start: int | None = None
+        self.started_at: str | None = None
+        self.seen: set[str] = set()
+        self.prefill_list: list[int] | None = None
+        self.decode_list: list[int] | None = None
+        self.decode_captured_list: list[int] | None = None
+        self.prefill_frame: tuple[int, int] | None = None
+        self.decode_frame: tuple[int, int] | None = None
+        self.failure: str | None = None
+        self.bytes_read = bytes_read
+        for key, value in facts.items():
+            if not hasattr(self, key):
+                raise TypeError(f"unknown scan fact {key}")
+            setattr(self, key, value)
+
+
+def read_tail(path: Path, limit: int = TAIL_BYTES) -> bytes:
+    with path.open("rb") as fh:
+        size = fh.seek(0, os.SEEK_END)
+        fh.seek(max(0, size - limit))
+        return fh.read(limit)
+
+
+def numbers(raw: bytes) -> list[int]:
+    return [int(x) for x in raw.split(b",") if x.strip()]
+
+
+def scan(data: bytes) -> Scan:
+    result = Scan(bytes_read=len(data))
+    at = data.rfind(MARKER_TEXT)
+    if at >= 0:
+        marker = MARKER.search(data, at)
+        if marker is not None:
+            result.start, result.started_at = int(marker.group(1)), marker.group(2).decode()
+            data = data[marker.end() :]
+    for begin, end in event_lines(data):
+        line = data[begin:end]
+        found = sorted(
+            (m.start(), name, m) for name, p in EVENTS.items() for m in [p.search(line)] if m is not None
+        )
+        for _, name, m in found:
+            result.seen.add(name)
+            record(result, name, m, data, begin + m.end())
+    return result
+
+
+def event_lines(data: bytes) -> list[tuple[int, int]]:
+    """(begin, end) of each line holding a keyword, in log order."""
+    starts: dict[int, int] = {}
+    for keyword in KEYWORDS:
+        at = data.find(keyword)
+        while at >= 0:
+            begin = max(data.rfind(b"\n", 0, at), data.rfind(b"\r", 0, at)) + 1
+            if begin not in starts:
+                ends = [e for e in (data.find(b"\n", at), data.find(b"\r", at)) if e >= 0]
+                starts[begin] = min(ends) if ends else len(data)
+            at = data.find(keyword, starts[begin])
+    return sorted(starts.items())
+
+
+def record(result: Scan, name: str, m: re.Match[bytes], data: bytes, end: int) -> None:
+    if name == "prefill_begin" or name == "prefill_list_legacy":
+        result.prefill_list = numbers(m.group(1))
+    elif name == "decode_list_legacy":
+        result.decode_list = numbers(m.group(1))
+    elif name == "decode_end" and result.decode_captured_list is None:
+        result.decode_captured_list = numbers(m.group(1))
+    elif name == "prefill_frame":
+        result.prefill_frame = (int(m.group(1)), int(m.group(2)))
+    elif name == "decode_frame":
+        result.decode_frame = (int(m.group(1)), int(m.group(2)))
+    elif (
+        name in ("traceback", "oom", "sigquit", "capture_failed")
+        and result.failure is None
+        and "ready" not in result.seen
+    ):
+        # After the ready line a traceback belongs to a request, not to the start.
+        result.failure = failure_reason(name, m, data, end)
+
+
+def failure_reason(name: str, m: re.Match[bytes], data: bytes, end: int) -> str:
+    if name == "oom":
+        return "out of memory: " + m.group(0).decode(errors="replace")[:200]
+    if name == "capture_failed":
+        return m.group(0).decode(errors="replace")[:200]
+    if name == "traceback":
+        exc = EXCEPTION_LINE.search(data, end)
+        return "traceback: " + (
+            exc.group(1).decode(errors="replace")[:200] if exc else "(exception line not in the log)"
+        )
+    return "a server subprocess failed (Received sigquit from a child process)"

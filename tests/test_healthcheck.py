@@ -1,0 +1,267 @@
+"""healthcheck/healthcheck on log fixtures of several SGLang versions, live logs, HTTP and a 1 GB log."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import ROOT
+
+HEALTHCHECK = ROOT / "healthcheck" / "healthcheck"
+LOGS = ROOT / "tests" / "fixtures" / "logs"
+
+
+def probe(*args: str, **env: str) -> tuple[int, dict[str, Any]]:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("GLM5_")} | env
+    done = subprocess.run(
+        [sys.executable, str(HEALTHCHECK), "--json", *args],
+        capture_output=True,
+        text=True,
+        env=full,
+        check=False,
+        timeout=60,
+    )
+    assert done.stdout, done.stderr
+    return done.returncode, json.loads(done.stdout.splitlines()[0])
+
+
+@pytest.mark.parametrize(
+    ("fixture", "phase", "decode", "prefill"),
+    [
+        ("sglang-0.5.23-rendered-from-source.log", "ready", (52, 52), (58, 58)),
+        ("sglang-legacy-decode-ready.log", "ready", (52, 52), (None, 58)),
+        ("sglang-piecewise-era-ready.log", "ready", (52, 52), (58, 58)),
+        ("sglang-0.5.23-oom-during-decode-capture.log", "failed", (6, 52), (58, 58)),
+        ("sglang-legacy-capture-failed.log", "failed", (0, 52), (None, 58)),
+        ("glm5-serve-restart-after-failure.log", "capturing", (36, 52), (58, 58)),
+    ],
+)
+def test_saved_logs_of_several_versions(
+    fixture: str, phase: str, decode: tuple[int | None, int], prefill: tuple[int | None, int]
+) -> None:
+    code, state = probe("--log", str(LOGS / fixture), "--no-http")
+    assert state["phase"] == phase, state
+    assert (state["decode_captured"], state["decode_expected"]) == decode
+    assert (state["prefill_captured"], state["prefill_expected"]) == prefill
+    assert code == (0 if phase == "ready" else 1)
+
+
+def test_failure_reasons_say_what_and_where() -> None:
+    _, oom = probe("--log", str(LOGS / "sglang-0.5.23-oom-during-decode-capture.log"), "--no-http")
+    assert "CUDA out of memory" in oom["reason"] and "during decode graph capture (6/52)" in oom["reason"]
+    assert "GLM5_MEM_FRACTION_STATIC" in oom["reason"]
+    _, legacy = probe("--log", str(LOGS / "sglang-legacy-capture-failed.log"), "--no-http")
+    assert "Exception: Capture cuda graph failed" in legacy["reason"]
+
+
+def test_only_the_current_run_counts() -> None:
+    # Run #1 failed with a traceback; run #2 is capturing: not failed.
+    _, state = probe("--log", str(LOGS / "glm5-serve-restart-after-failure.log"), "--no-http")
+    assert state["start"] == 2 and state["reason"] is None
+
+
+def write_partial(tmp_path: Path, text: str) -> Path:
+    log = tmp_path / "server.log"
+    log.write_text(text)
+    return log
+
+
+def test_phases_as_the_log_grows(tmp_path: Path) -> None:
+    full = (LOGS / "glm5-serve-restart-after-failure.log").read_text()
+    second = full.index("===== glm5-serve: server start #2")
+    checkpoints = [
+        (full.index("Load weight begin", second) - 30, "starting"),
+        (full.index("Load weight end", second) - 30, "loading"),
+        (full.index("Capturing prefill shape", second) + 300, "capturing"),
+        (len(full), "capturing"),
+    ]
+    for end, phase in checkpoints:
+        _, state = probe("--log", str(write_partial(tmp_path, full[:end])), "--no-http")
+        assert state["phase"] == phase, (end, state)
+    _, mid = probe("--log", str(write_partial(tmp_path, full[: checkpoints[2][0]])), "--no-http")
+    assert mid["decode_captured"] is None and mid["prefill_captured"] is not None
+
+
+def test_status_line_for_people(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(HEALTHCHECK),
+            "--status",
+            "--log",
+            str(LOGS / "glm5-serve-restart-after-failure.log"),
+            "--no-http",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.stdout.startswith("capturing decode graphs 36/52, ")
+    assert "since start #2" in done.stdout
+
+
+def test_fewer_decode_sizes_than_configured_fails_unless_accepted(tmp_path: Path) -> None:
+    text = (LOGS / "sglang-0.5.23-rendered-from-source.log").read_text()
+    short = text.replace(
+        ", 272, 288, 304, 320, 336, 352, 368, 384, 400, 416, 432, 448, 464, 480, 496, 512]", "]"
+    )
+    assert short != text
+    log = write_partial(tmp_path, short)
+    code, state = probe("--log", str(log), "--no-http")
+    assert code == 1 and state["phase"] == "failed"
+    assert "captured 36 batch sizes, expected 52" in state["reason"]
+    assert "did not take effect" in state["reason"]
+    code, state = probe("--log", str(log), "--no-http", "--accept-partial-capture")
+    assert code == 0 and state["phase"] == "ready"
+    code, _ = probe("--log", str(log), "--no-http", GLM5_ACCEPT_PARTIAL_CAPTURE="1")
+    assert code == 0
+
+
+def test_expected_counts_follow_the_configuration(tmp_path: Path) -> None:
+    log = write_partial(tmp_path, (LOGS / "sglang-0.5.23-rendered-from-source.log").read_text())
+    code, state = probe("--log", str(log), "--no-http", GLM5_CUDA_GRAPH_MAX_BS_DECODE="1024")
+    assert code == 1 and state["decode_expected"] == 68 and state["phase"] == "failed"
+
+
+class Health(BaseHTTPRequestHandler):
+    """Local HTTP test double for SGLang's /health: 503 until told otherwise."""
+
+    status = 503
+
+    def do_GET(self) -> None:
+        self.send_response(Health.status if self.path == "/health" else 404)
+        self.end_headers()
+
+    def log_message(self, *_a: Any) -> None:
+        return
+
+
+@pytest.fixture
+def health_server() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def run_dir(tmp_path: Path, fixture: str, start: int | None = None, pid: int | None = None) -> dict[str, str]:
+    (tmp_path / "log").mkdir(exist_ok=True)
+    (tmp_path / "run").mkdir(exist_ok=True)
+    text = (LOGS / fixture).read_text()
+    if start is not None:
+        text = (
+            f"===== glm5-serve: server start #{start} at 2026-11-30T00:00:00+00:00 pid {pid} =====\n" + text
+        )
+        state = {"start": start, "pid": pid, "decode_expected": 52, "prefill_expected": 58}
+        (tmp_path / "run" / "launch.json").write_text(json.dumps(state))
+    (tmp_path / "log" / "server.log").write_text(text)
+    return {"GLM5_LOG_DIR": str(tmp_path / "log"), "GLM5_STATE_DIR": str(tmp_path / "run")}
+
+
+def test_ready_needs_health_200(tmp_path: Path, health_server: str) -> None:
+    env = run_dir(tmp_path, "sglang-0.5.23-rendered-from-source.log", start=1, pid=os.getpid())
+    Health.status = 503
+    code, state = probe("--url", health_server, **env)
+    assert (code, state["phase"], state["http"]) == (1, "warming_up", 503)
+    Health.status = 200
+    code, state = probe("--url", health_server, **env)
+    assert (code, state["phase"], state["http"]) == (0, "ready", 200)
+
+
+def test_liveness_never_fails_a_slow_start_but_fails_a_dead_server(tmp_path: Path) -> None:
+    env = run_dir(tmp_path, "glm5-serve-restart-after-failure.log")
+    assert probe("--live", **env)[0] == 0  # capturing: alive
+    assert probe(**env)[0] == 1  # but not ready
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    env = run_dir(tmp_path, "sglang-0.5.23-rendered-from-source.log", start=3, pid=dead.pid)
+    code, state = probe("--live", "--no-http", **env)
+    assert code == 1 and state["phase"] == "failed" and "exited" in state["reason"]
+    env = run_dir(tmp_path, "sglang-0.5.23-oom-during-decode-capture.log")
+    assert probe("--live", **env)[0] == 1
+
+
+def test_timeout_under_three_seconds_is_refused() -> None:
+    done = subprocess.run(
+        [sys.executable, str(HEALTHCHECK), "--timeout", "1"], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 2 and "use 3 s or more" in done.stderr
+
+
+def test_a_long_running_server_stays_ready_past_the_tail_window(tmp_path: Path, health_server: str) -> None:
+    env = run_dir(tmp_path, "sglang-0.5.23-rendered-from-source.log", start=1, pid=os.getpid())
+    Health.status = 200
+    assert probe("--url", health_server, **env)[0] == 0
+    with (tmp_path / "log" / "server.log").open("a") as fh:
+        fh.write(
+            '[2026-11-30 01:00:00] INFO:     127.0.0.1:5 - "POST /v1/chat/completions HTTP/1.1" 200 OK\n'
+            * 100_000
+        )
+    code, state = probe("--url", health_server, "--tail-bytes", "65536", **env)
+    assert (code, state["phase"], state["decode_captured"]) == (0, "ready", 52)
+
+
+def test_one_probe_on_a_1gb_log_is_cheap(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    head = (LOGS / "sglang-0.5.23-rendered-from-source.log").read_bytes()
+    request = b"[2026-11-30 01:00:00 TP0] Decode batch. #running-req: 1024, #token: 412160, token usage: 0.93, gen throughput (token/s): 3028.00, #queue-req: 0\n"
+    with log.open("wb") as fh:
+        fh.write(head)
+        block = request * (8 * 1024 * 1024 // len(request))
+        while fh.tell() < 2**30:
+            fh.write(block)
+        fh.write(head)  # a restart near the end: its capture lines are in the tail
+    assert log.stat().st_size >= 2**30
+    env = {
+        "GLM5_LOG_DIR": str(tmp_path),
+        "GLM5_STATE_DIR": str(tmp_path),
+        "GLM5_PORT": "30000",
+        "GLM5_HEALTH_TIMEOUT": "5",
+    }
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    began = time.monotonic()
+    # As the image runs it: python3 -S (the shebang), the image's GLM5_* environment, no HTTP wait.
+    done = subprocess.run(
+        [sys.executable, "-S", str(HEALTHCHECK), "--json", "--no-http"],
+        capture_output=True,
+        text=True,
+        env=os.environ | env,
+        check=False,
+    )
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    code, state = done.returncode, json.loads(done.stdout.splitlines()[0])
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    print(
+        f"\nhealthcheck on a {log.stat().st_size / 2**30:.2f} GiB log: {cpu * 1000:.0f} ms CPU (whole process), {(time.monotonic() - began) * 1000:.0f} ms wall"
+    )
+    assert code == 0 and state["phase"] == "ready"
+    assert cpu < 0.5  # the whole process, interpreter start-up included; the scan alone is timed below
+
+
+def test_scan_cost_is_bounded_by_the_tail(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT / "healthcheck"))
+    import logscan
+
+    log = tmp_path / "big.log"
+    with log.open("wb") as fh:
+        fh.seek(2**30)
+        fh.write((LOGS / "sglang-0.5.23-rendered-from-source.log").read_bytes() + b"x" * 4 * 2**20)
+    began = time.process_time()
+    for _ in range(10):
+        result = logscan.scan(logscan.read_tail(log))
+    per_probe = (time.process_time() - began) / 10
+    print(f"\nlogscan.read_tail + scan of the 4 MiB tail of a 1 GiB log: {per_probe * 1000:.1f} ms CPU")
+    assert result.bytes_read == logscan.TAIL_BYTES
+    assert per_probe < 0.05
