@@ -1,0 +1,165 @@
+"""The image, compose file and pod spec: real validators, and consistency with entrypoint/glm5.toml."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from helpers import consistency
+
+BIN = Path(sys.executable).parent
+SHELL_SCRIPTS = [
+    ".ci/run",
+    "ci/setup-test-env",
+    "ci/test",
+    "ci/build-image",
+    "entrypoint/entrypoint.sh",
+    "image/relock",
+]
+
+
+def run(*cmd: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=False, timeout=120)
+
+
+def tool(name: str) -> str:
+    path = BIN / name
+    assert path.exists() or shutil.which(name), f"{name} missing: run ci/setup-test-env"
+    return str(path) if path.exists() else name
+
+
+def test_hadolint_passes() -> None:
+    done = run(tool("hadolint"), "Dockerfile")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_hadolint_can_fail(tmp_path: Path) -> None:
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM ubuntu\nRUN apt-get install curl\n")
+    assert run(tool("hadolint"), str(bad)).returncode != 0
+
+
+@pytest.mark.parametrize("script", SHELL_SCRIPTS)
+def test_shellcheck_passes(script: str) -> None:
+    done = run(tool("shellcheck"), script)
+    assert done.returncode == 0, done.stdout
+
+
+def test_every_shell_script_is_checked() -> None:
+    shebangs = [
+        str(p.relative_to(ROOT))
+        for p in ROOT.rglob("*")
+        if p.is_file()
+        and ".venv" not in p.parts
+        and ".git" not in p.parts
+        and p.stat().st_size < 200_000
+        and p.read_bytes().startswith(b"#!/usr/bin/env bash")
+    ]
+    assert sorted(shebangs) == sorted(SHELL_SCRIPTS)
+
+
+def test_compose_config_is_valid() -> None:
+    done = run(tool("docker-compose"), "-f", "docker-compose.yml", "config", "-q")
+    assert done.returncode == 0, done.stderr
+
+
+def test_compose_validator_can_fail(tmp_path: Path) -> None:
+    text = (ROOT / "docker-compose.yml").read_text().replace("reservations:", "reservation:")
+    bad = tmp_path / "docker-compose.yml"
+    bad.write_text(text)
+    assert run(tool("docker-compose"), "-f", str(bad), "config", "-q").returncode != 0
+
+
+def test_kubernetes_manifests_validate_strictly() -> None:
+    done = run(
+        tool("kubernetes-validate"),
+        "--strict",
+        "-k",
+        "1.30",
+        "k8s/pod.yaml",
+        "k8s/service.yaml",
+        "k8s/pvc-weights.yaml",
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_kubernetes_validator_can_fail(tmp_path: Path) -> None:
+    bad = tmp_path / "pod.yaml"
+    bad.write_text((ROOT / "k8s/pod.yaml").read_text().replace("timeoutSeconds: 10", "timeoutSecond: 10", 1))
+    assert run(tool("kubernetes-validate"), "--strict", "-k", "1.30", str(bad)).returncode != 0
+
+
+def test_files_agree_with_the_configuration() -> None:
+    assert consistency.check(ROOT) == []
+
+
+@pytest.mark.parametrize(
+    ("rel", "old", "new", "message"),
+    [
+        ("docker-compose.yml", ':30000"', ':30001"', "port differs"),
+        ("docker-compose.yml", "stop_grace_period: 150s", "stop_grace_period: 100s", "stop grace differs"),
+        ("docker-compose.yml", "image: glm5-serve:0.1.0", "image: glm5-serve:latest", "image differs"),
+        ("docker-compose.yml", '"6", "7"]', '"6"]', "GPU count differs"),
+        (
+            "k8s/pod.yaml",
+            "terminationGracePeriodSeconds: 165",
+            "terminationGracePeriodSeconds: 60",
+            "must exceed preStop",
+        ),
+        (
+            "k8s/pod.yaml",
+            '["/opt/glm5/healthcheck/healthcheck", "--live", "--status"]',
+            '["/opt/glm5/healthcheck/healthcheck", "--status"]',
+            "liveness probe",
+        ),
+        ("k8s/pod.yaml", "failureThreshold: 240", "failureThreshold: 30", "startupProbe budget"),
+        ("k8s/pod.yaml", "runAsUser: 1000", "runAsUser: 0", "user differs"),
+        ("Dockerfile", "--start-period=2400s", "--start-period=600s", "start period differs"),
+        ("Dockerfile", "GLM5_LOG_DIR=/var/log/glm5", "GLM5_LOG_DIR=/var/log/sglang", "log dir differs"),
+        ("entrypoint/glm5.toml", "drain_seconds = 120", "drain_seconds = 600", "must exceed the drain bound"),
+    ],
+)
+def test_a_drift_is_caught(rel: str, old: str, new: str, message: str) -> None:
+    text = (ROOT / rel).read_text()
+    assert old in text
+    errors = consistency.check(ROOT, {rel: text.replace(old, new)})
+    assert any(message in e for e in errors), errors
+
+
+def test_dockerfile_versions_match_the_lock() -> None:
+    args = consistency.dockerfile_facts((ROOT / "Dockerfile").read_text())["args"]
+    lock = (ROOT / "image/requirements.lock").read_text()
+    requested = (ROOT / "image/requirements.in").read_text()
+    for package, arg in [
+        ("sglang", "SGLANG_VERSION"),
+        ("torch", "TORCH_VERSION"),
+        ("flashinfer-python", "FLASHINFER_VERSION"),
+        ("supervisor", "SUPERVISOR_VERSION"),
+    ]:
+        assert re.search(rf"^{package}=={re.escape(args[arg])} ", lock, re.M), (
+            f"{package} in the lock is not {args[arg]}"
+        )
+        assert re.search(rf"^{package}(\[\w+\])?=={re.escape(args[arg])}$", requested, re.M)
+    assert "--hash=sha256:" in lock
+
+
+def test_assert_versions_refuses_a_mismatch() -> None:
+    ok = run(sys.executable, "image/assert-versions", f"pytest=={__import__('pytest').__version__}")
+    assert ok.returncode == 0, ok.stderr
+    bad = run(sys.executable, "image/assert-versions", "pytest==0.0.1", "no-such-package==1.0")
+    assert bad.returncode == 1
+    assert "pytest: the Dockerfile ARG says 0.0.1" in bad.stderr and "no-such-package" in bad.stderr
+
+
+def test_dockerignore_keeps_the_context_small() -> None:
+    lines = (ROOT / ".dockerignore").read_text().split()
+    assert lines[lines.index("*")] == "*"
+    copied = set(re.findall(r"^COPY (\S+)", (ROOT / "Dockerfile").read_text(), re.M))
+    for src in copied:
+        assert f"!{src}" in lines, f"{src} is copied but excluded from the context"
