@@ -88,7 +88,9 @@ def check(root: Path, overrides: dict[str, str] | None = None) -> list[str]:
         dockerfile_arg=docker["args"]["CUDA_MAJOR_MINOR"],
         dockerfile_env=docker["env"]["FLASHINFER_CUDA_VERSION"],
     )
-    model_mounts = [v.rsplit(":", 1)[1] for v in compose["volumes"] if v.rsplit(":", 1)[1].startswith("/models")]
+    model_mounts = [
+        v.rsplit(":", 1)[1] for v in compose["volumes"] if v.rsplit(":", 1)[1].startswith("/models")
+    ]
     pod_model = [m["mountPath"] for m in container["volumeMounts"] if m["name"] == "weights"]
     same(
         "model folder",
