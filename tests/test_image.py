@@ -163,3 +163,14 @@ def test_dockerignore_keeps_the_context_small() -> None:
     copied = set(re.findall(r"^COPY (\S+)", (ROOT / "Dockerfile").read_text(), re.M))
     for src in copied:
         assert f"!{src}" in lines, f"{src} is copied but excluded from the context"
+
+
+def test_github_workflows_validate() -> None:
+    workflows = sorted(str(p) for p in (ROOT / ".github/workflows").glob("*.yml"))
+    assert len(workflows) == 2
+    done = run(tool("check-jsonschema"), "--builtin-schema", "vendor.github-workflows", *workflows)
+    assert done.returncode == 0, done.stdout + done.stderr
+    ci = (ROOT / ".github/workflows/ci.yml").read_text()
+    assert "run: .ci/run" in ci
+    gpu = (ROOT / ".github/workflows/gpu-smoke.yml").read_text()
+    assert "self-hosted" in gpu and "ci/smoke" in gpu and "docker compose build glm5" in gpu

@@ -1,0 +1,136 @@
+"""ci/smoke --url end-to-end against the server test double, started through the real entrypoint and supervisord."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from helpers.container import Container, start
+
+SMOKE = ROOT / "ci" / "smoke"
+
+
+@pytest.fixture
+def containers() -> Iterator[list[Container]]:
+    made: list[Container] = []
+    yield made
+    for c in made:
+        if c.proc.poll() is None:
+            c.proc.send_signal(signal.SIGTERM)
+            try:
+                c.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(c.proc.pid, signal.SIGKILL)
+        for p in c.leftovers():
+            p.kill()
+
+
+def smoke(
+    c: Container, *args: str, timeout: str = "60"
+) -> tuple[subprocess.CompletedProcess[str], dict[str, object]]:
+    report = c.tmp / "report"
+    env = os.environ | {"GLM5_LOG_DIR": str(c.tmp / "log"), "GLM5_STATE_DIR": str(c.tmp / "run")}
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(SMOKE),
+            "--url",
+            f"http://127.0.0.1:{c.port}",
+            "--timeout",
+            timeout,
+            "--poll",
+            "0.3",
+            "--report-dir",
+            str(report),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        timeout=180,
+    )
+    data = json.loads((report / "smoke.json").read_text()) if (report / "smoke.json").exists() else {}
+    return done, data
+
+
+def test_smoke_passes_against_the_double(tmp_path: Path, containers: list[Container]) -> None:
+    c = start(tmp_path)
+    containers.append(c)
+    done, report = smoke(c)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "8 passed, 0 failed" in done.stdout
+    assert (
+        "capturing (prefill" in done.stdout or "loading" in done.stdout or "starting" in done.stdout
+    )  # progress shown
+    metrics = report["metrics"]
+    assert isinstance(metrics, dict)
+    assert metrics["time_to_ready_s"] >= 0 and metrics["ttft_s"] >= 0 and metrics["decode_tokens_per_s"] > 0
+    suite = ET.parse(tmp_path / "report" / "smoke.xml").getroot()
+    assert suite.get("tests") == "8" and suite.get("failures") == "0"
+    assert [t.get("name") for t in suite] == [
+        "models",
+        "chat",
+        "chat_stream",
+        "completion",
+        "tool_call",
+        "reasoning",
+        "decode_speed",
+        "metrics",
+    ]
+
+
+def test_smoke_with_an_api_key(tmp_path: Path, containers: list[Container]) -> None:
+    c = start(tmp_path, GLM5_API_KEY="k-123")
+    containers.append(c)
+    denied, _ = smoke(c, "--api-key", "wrong")
+    assert denied.returncode == 1 and "answered 401" in denied.stdout + denied.stderr
+    ok, _ = smoke(c, "--api-key", "k-123")
+    assert ok.returncode == 0, ok.stdout
+
+
+@pytest.mark.parametrize(
+    ("mode", "check", "message"),
+    [
+        ("empty-text", "chat", "empty content"),
+        ("wrong-model", "models", "not 'glm-5'"),
+        ("no-tools", "tool_call", "no tool_calls"),
+        ("no-reasoning", "reasoning", "reasoning parser (glm45) did not separate it"),
+    ],
+)
+def test_smoke_fails_on_a_broken_server(
+    tmp_path: Path, containers: list[Container], mode: str, check: str, message: str
+) -> None:
+    c = start(tmp_path, mode)
+    containers.append(c)
+    done, report = smoke(c)
+    assert done.returncode == 1
+    assert f"FAIL {check}: " in done.stdout and message in done.stdout
+    checks = {r["name"]: r for r in report["checks"]}  # type: ignore[union-attr]
+    assert checks[check]["passed"] is False
+
+
+def test_smoke_fails_when_never_ready(tmp_path: Path, containers: list[Container]) -> None:
+    c = start(tmp_path, "never-ready")
+    containers.append(c)
+    done, _ = smoke(c, timeout="5")
+    assert done.returncode == 3
+    assert "never became ready" in done.stderr and "--- last log lines ---" in done.stderr
+    assert "Uvicorn running" in done.stderr  # the last log lines are shown
+
+
+def test_smoke_reports_a_failed_start_with_its_reason(tmp_path: Path, containers: list[Container]) -> None:
+    c = start(tmp_path, "oom-capture", GLM5_START_RETRIES="0")
+    containers.append(c)
+    done, _ = smoke(c, timeout="30")
+    assert done.returncode == 3
+    assert "out of memory" in done.stderr
