@@ -219,6 +219,15 @@ class Handler(BaseHTTPRequestHandler):
                     ],
                 },
             )
+        elif path in ("/server_info", "/get_server_info"):
+            self.send_json(
+                200,
+                {
+                    "version": "sglang-server-double",
+                    "tp_size": self.args.tp_size,
+                    "served_model_name": self.model_name(),
+                },
+            )
         elif path in ("/model_info", "/get_model_info"):
             self.send_json(200, {"model_path": self.args.model_path, "is_generation": True})
         else:

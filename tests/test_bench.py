@@ -1,0 +1,237 @@
+"""ci/bench: the command line, bench_serving's real output, sweep files, the table and plot, and end-to-end
+runs of the real sglang 0.5.23 bench_serving against the server test double."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+import config
+from conftest import ROOT
+from helpers.container import DOUBLE, Container, free_port, start
+
+BENCH = ROOT / "ci" / "bench"
+BENCH_PYTHON = ROOT / ".venv-bench" / "bin" / "python"
+FIXTURES = ROOT / "tests" / "fixtures" / "bench"
+
+
+def load_bench() -> ModuleType:
+    loader = importlib.machinery.SourceFileLoader("ci_bench", str(BENCH))
+    spec = importlib.util.spec_from_loader("ci_bench", loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["ci_bench"] = module  # dataclasses look their module up while the class is made
+    loader.exec_module(module)
+    return module
+
+
+bench = load_bench()
+
+
+def test_bench_serving_command_line() -> None:
+    argv = bench.bench_argv(
+        ["python3"],
+        "http://127.0.0.1:30000",
+        bench.Workload(),
+        "/models/GLM-5-NVFP4",
+        "glm-5",
+        "/tmp/o.jsonl",
+    )
+    assert argv[:3] == ["python3", "-m", "sglang.bench_serving"]
+    pairs = dict(zip(argv[3::2], argv[4::2], strict=True))
+    assert pairs["--max-concurrency"] == "1024" and pairs["--num-prompts"] == "4096"
+    assert pairs["--random-input-len"] == "1024" and pairs["--random-output-len"] == "1024"
+    assert pairs["--dataset-name"] == "random-ids" and pairs["--backend"] == "sglang"
+
+
+def test_parses_bench_servings_real_output() -> None:
+    result = bench.parse_result((FIXTURES / "bench_serving-0.5.23-against-double.jsonl").read_text())
+    stdout = (FIXTURES / "bench_serving-0.5.23-against-double.stdout").read_text()
+    # The JSON record and the printed summary of the same run agree.
+    assert f"Output token throughput (tok/s):         {result['output_throughput']:.2f}" in stdout
+    assert f"Median TTFT (ms):                        {result['median_ttft_ms']:.2f}" in stdout
+    assert result["completed"] == 20
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("", "no result line"), ('{"completed": 3}\n', "lacks"), ("not json\n", "Expecting value")],
+)
+def test_bad_bench_output_is_refused(text: str, message: str) -> None:
+    with pytest.raises((bench.BenchError, ValueError), match=message):
+        bench.parse_result(text)
+
+
+def test_zero_completed_requests_is_a_failure() -> None:
+    record = json.loads(
+        (FIXTURES / "bench_serving-0.5.23-against-double.jsonl").read_text().replace("Infinity", "1e999")
+    )
+    record["completed"] = 0
+    with pytest.raises(bench.BenchError, match="completed no request"):
+        bench.parse_result(json.dumps(record))
+
+
+def test_shipped_sweep_variants_are_valid_configurations() -> None:
+    workload, variants, baseline = bench.load_sweep(ROOT / "ci" / "sweep-sm120.toml")
+    assert baseline == 3028 and workload.concurrency == 1024
+    assert variants[0].name == "baked" and len(variants) >= 6
+    for variant in variants:
+        assert len(variant.reason) > 20
+        effective = config.resolve(variant.env)  # the entrypoint would accept it
+        assert effective.argv
+    expected = {v.name: len(config.resolve(v.env).decode_sizes) for v in variants}
+    assert (
+        expected["baked"] == 52
+        and expected["decode-max-bs-256"] == 36
+        and expected["decode-max-bs-768"] == 60
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[[variant]]\nname = "Bad Name"\nreason = "x"\n', "must be lowercase"),
+        ('[[variant]]\nname = "a"\nreason = ""\n', "give a reason"),
+        ('[[variant]]\nname = "a"\nreason = "r"\n[[variant]]\nname = "a"\nreason = "r"\n', "appears twice"),
+        ('[workload]\nconcurrency = 0\n[[variant]]\nname = "a"\nreason = "r"\n', "must be positive"),
+        ('[[variant]]\nname = "a"\nreason = "r"\nenv = { X = 1 }\n', "must be strings"),
+        ("", r"no \[\[variant\]\]"),
+        ("[[variant]\n", "--sweep"),
+    ],
+)
+def test_bad_sweep_files_are_refused(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "sweep.toml"
+    path.write_text(text)
+    with pytest.raises(bench.BenchError, match=message):
+        bench.load_sweep(path)
+
+
+def fake_run(label: str, tok: float | None) -> dict[str, Any]:
+    result = None
+    if tok is not None:
+        result = {k: 1.0 for k in bench.METRICS} | {
+            "output_throughput": tok,
+            "p99_ttft_ms": 900.0,
+            "p99_itl_ms": 45.0,
+        }
+    return {
+        "label": label,
+        "result": result,
+        "error": None if tok else "did not become healthy: out of memory",
+    }
+
+
+def test_table_and_plot(tmp_path: Path) -> None:
+    runs = [fake_run("baked", 3100.0), fake_run("mem-0.85", 3350.5), fake_run("decode-max-bs-768", None)]
+    text = bench.table(runs, 3028)
+    assert "| baked | 3,100 | 1.02x |" in text
+    assert "| mem-0.85 | 3,350 | 1.11x |" in text or "| mem-0.85 | 3,351 | 1.11x |" in text
+    assert "| decode-max-bs-768 | - | - | - | - | - | failed: did not become healthy: out of memory |" in text
+    png = tmp_path / "sweep.png"
+    bench.plot(runs, 3028, png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+needs_bench_venv = pytest.mark.skipif(
+    not BENCH_PYTHON.exists() and os.environ.get("CI") != "true",
+    reason=".venv-bench missing: run ci/setup-test-env",
+)
+
+
+@pytest.fixture
+def containers() -> Iterator[list[Container]]:
+    made: list[Container] = []
+    yield made
+    for c in made:
+        if c.proc.poll() is None:
+            os.killpg(c.proc.pid, signal.SIGTERM)
+            c.proc.wait(timeout=30)
+        for p in c.leftovers():
+            p.kill()
+
+
+def run_bench(
+    tmp_path: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    tokenizer = tmp_path / "tokenizer"  # written with .venv-bench's tokenizers, which bench_serving loads
+    subprocess.run(
+        [str(BENCH_PYTHON), str(ROOT / "tests/helpers/tiny_tokenizer.py"), str(tokenizer)],
+        check=True,
+        capture_output=True,
+    )
+    small = ["--concurrency", "4", "--input-len", "32", "--output-len", "8", "--num-prompts", "12"]
+    full = os.environ | {"GLM5_BENCH_PYTHON": str(BENCH_PYTHON)} | (env or {})
+    return subprocess.run(
+        [sys.executable, str(BENCH), "--out", str(tmp_path / "out"), "--tokenizer", str(tokenizer), *small, *args],
+        capture_output=True, text=True, env=full, check=False, timeout=600,
+    )  # fmt: skip
+
+
+@needs_bench_venv
+def test_bench_url_end_to_end(tmp_path: Path, containers: list[Container]) -> None:
+    (tmp_path / "server").mkdir()
+    c = start(tmp_path / "server")
+    containers.append(c)
+    c.wait_healthy()
+    done = run_bench(tmp_path, "--url", f"http://127.0.0.1:{c.port}", "--label", "double")
+    assert done.returncode == 0, done.stdout + done.stderr
+    record = json.loads((tmp_path / "out" / "double.json").read_text())
+    assert record["result"]["completed"] == 12 and record["result"]["output_throughput"] > 0
+    assert record["workload"]["concurrency"] == 4 and record["baseline_output_tok_s"] == 3028
+    assert (
+        record["versions"]["sglang"] == "sglang-server-double"
+    )  # /server_info of the double, not a real server
+    assert "output tok/s" in done.stdout
+
+
+@needs_bench_venv
+def test_sweep_end_to_end_with_a_variant_that_never_becomes_healthy(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep.toml"
+    sweep.write_text(
+        'baseline_output_tok_s = 3028\n'
+        '[[variant]]\nname = "baked"\nreason = "as shipped"\nenv = {}\n'
+        '[[variant]]\nname = "mem-0.85"\nreason = "more KV cache"\nenv = { GLM5_MEM_FRACTION_STATIC = "0.85" }\n'
+        '[[variant]]\nname = "oom"\nreason = "runs out of memory in capture"\nenv = { SGLANG_DOUBLE_MODE = "oom-capture", GLM5_START_RETRIES = "0" }\n'
+    )  # fmt: skip
+    port = free_port()
+    env = {
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "GLM5_HOME": str(ROOT), "GLM5_LOG_DIR": str(tmp_path / "log"), "GLM5_STATE_DIR": str(tmp_path / "run"),
+        "GLM5_PORT": str(port), "GLM5_SKIP_PREFLIGHT": "all", "GLM5_SERVER_PROGRAM": f"{sys.executable} {DOUBLE}",
+        "GLM5_START_SECONDS": "4", "GLM5_START_RETRIES": "1", "GLM5_DRAIN_SECONDS": "3", "SGLANG_DOUBLE_STATE": str(tmp_path),
+    }  # fmt: skip
+    done = run_bench(
+        tmp_path,
+        "--sweep",
+        str(sweep),
+        "--launcher",
+        "local",
+        "--url",
+        f"http://127.0.0.1:{port}",
+        "--timeout",
+        "60",
+        "--poll",
+        "0.3",
+        env=env,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    out = tmp_path / "out"
+    table = (out / "sweep.md").read_text()
+    assert "| baked | " in table and "| mem-0.85 | " in table
+    assert (
+        "| oom | - |" in table
+        and "failed: did not become healthy: traceback: torch.OutOfMemoryError" in table
+    )
+    assert json.loads((out / "mem-0.85.json").read_text())["configuration"]["argv"].count("0.85") == 1
+    assert (out / "sweep.png").stat().st_size > 10_000
