@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -99,3 +100,21 @@ def run_scenarios(tree: Path, *names: str, **env: str | None) -> dict[str, Any]:
             assert result["module"].startswith(str(tree)), f"imported {result['module']}, not {tree}"
             return result
     raise AssertionError(f"scenario run failed (rc {done.returncode}):\n{done.stderr[-3000:]}")
+
+
+@pytest.fixture
+def containers() -> Iterator[list[Any]]:
+    """Containers (helpers.container.start) a test appends; stopped, and their processes reaped, afterwards."""
+    import signal
+
+    made: list[Any] = []
+    yield made
+    for c in made:
+        if c.proc.poll() is None:
+            c.proc.send_signal(signal.SIGTERM)
+            try:
+                c.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(c.proc.pid, signal.SIGKILL)
+        for p in c.leftovers():
+            p.kill()

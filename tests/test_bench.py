@@ -7,10 +7,8 @@ import importlib.machinery
 import importlib.util
 import json
 import os
-import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -147,18 +145,6 @@ needs_bench_venv = pytest.mark.skipif(
     not BENCH_PYTHON.exists() and os.environ.get("CI") != "true",
     reason=".venv-bench missing: run ci/setup-test-env",
 )
-
-
-@pytest.fixture
-def containers() -> Iterator[list[Container]]:
-    made: list[Container] = []
-    yield made
-    for c in made:
-        if c.proc.poll() is None:
-            os.killpg(c.proc.pid, signal.SIGTERM)
-            c.proc.wait(timeout=30)
-        for p in c.leftovers():
-            p.kill()
 
 
 def run_bench(

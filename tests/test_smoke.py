@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,21 +15,6 @@ from conftest import ROOT
 from helpers.container import Container, start
 
 SMOKE = ROOT / "ci" / "smoke"
-
-
-@pytest.fixture
-def containers() -> Iterator[list[Container]]:
-    made: list[Container] = []
-    yield made
-    for c in made:
-        if c.proc.poll() is None:
-            c.proc.send_signal(signal.SIGTERM)
-            try:
-                c.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(c.proc.pid, signal.SIGKILL)
-        for p in c.leftovers():
-            p.kill()
 
 
 def smoke(

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,20 +18,9 @@ from helpers.container import Container, start
 CONF = ROOT / "entrypoint" / "supervisord.conf"
 
 
-@pytest.fixture
-def container_factory(tmp_path: Path) -> Iterator[list[Container]]:
-    made: list[Container] = []
-    yield made
-    for c in made:
-        if c.proc.poll() is None:
-            os.killpg(c.proc.pid, signal.SIGKILL)
-        for p in c.leftovers():
-            p.kill()
-
-
-def test_serves_and_stops_cleanly_on_sigterm(tmp_path: Path, container_factory: list[Container]) -> None:
+def test_serves_and_stops_cleanly_on_sigterm(tmp_path: Path, containers: list[Container]) -> None:
     c = start(tmp_path)
-    container_factory.append(c)
+    containers.append(c)
     c.wait_healthy()
     log = c.output()
     assert "===== glm5-serve: server start #1" in log
@@ -47,9 +35,9 @@ def test_serves_and_stops_cleanly_on_sigterm(tmp_path: Path, container_factory: 
     assert c.leftovers() == []
 
 
-def test_crash_restarts_with_a_new_marker(tmp_path: Path, container_factory: list[Container]) -> None:
+def test_crash_restarts_with_a_new_marker(tmp_path: Path, containers: list[Container]) -> None:
     c = start(tmp_path, "crash-once")
-    container_factory.append(c)
+    containers.append(c)
     c.wait_healthy()
     log = c.output()
     assert "RuntimeError: TllmGenFmhaRunner" in log
@@ -58,20 +46,18 @@ def test_crash_restarts_with_a_new_marker(tmp_path: Path, container_factory: lis
     assert c.proc.wait(timeout=15) == 0
 
 
-def test_repeated_failure_goes_fatal_and_exits_non_zero(
-    tmp_path: Path, container_factory: list[Container]
-) -> None:
+def test_repeated_failure_goes_fatal_and_exits_non_zero(tmp_path: Path, containers: list[Container]) -> None:
     c = start(tmp_path, "crash-loading")
-    container_factory.append(c)
+    containers.append(c)
     assert c.proc.wait(timeout=60) == 70
     assert "went FATAL" in (tmp_path / "stderr").read_text()
     assert c.output().count("glm5-serve: server start #") == 2  # first start + GLM5_START_RETRIES=1
     assert c.leftovers() == []
 
 
-def test_sigterm_drain_is_bounded(tmp_path: Path, container_factory: list[Container]) -> None:
+def test_sigterm_drain_is_bounded(tmp_path: Path, containers: list[Container]) -> None:
     c = start(tmp_path, "slow-drain")
-    container_factory.append(c)
+    containers.append(c)
     c.wait_healthy()
     began = time.monotonic()
     c.proc.send_signal(signal.SIGTERM)
@@ -82,11 +68,9 @@ def test_sigterm_drain_is_bounded(tmp_path: Path, container_factory: list[Contai
     assert c.leftovers() == []
 
 
-def test_preflight_failure_stops_before_supervisord(
-    tmp_path: Path, container_factory: list[Container]
-) -> None:
+def test_preflight_failure_stops_before_supervisord(tmp_path: Path, containers: list[Container]) -> None:
     c = start(tmp_path, GLM5_SKIP_PREFLIGHT="gpu,shm,flashinfer,flags", GLM5_MODEL_DIR=str(tmp_path / "none"))
-    container_factory.append(c)
+    containers.append(c)
     assert c.proc.wait(timeout=30) == 30
     assert "hf download nvidia/GLM-5-NVFP4" in (tmp_path / "stderr").read_text()
     assert not c.log.exists()

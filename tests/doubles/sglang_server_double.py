@@ -28,6 +28,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "entrypoint"))
+from batch_sizes import (
+    decode_batch_sizes as decode_sizes,
+)
+from batch_sizes import prefill_token_sizes as prefill_sizes
+
 MODES = set(filter(None, os.environ.get("SGLANG_DOUBLE_MODE", "ok").split(",")))
 TICK = float(os.environ.get("SGLANG_DOUBLE_TICK", "0.01"))
 ANSWERS = {"capital of france": "Paris", "2+2": "4", "2 + 2": "4"}
@@ -42,29 +48,6 @@ def stamp(rank: int | None = None) -> str:
 def log(line: str, rank: int | None = None) -> None:
     sys.stdout.write(f"{stamp(rank)} {line}\n")
     sys.stdout.flush()
-
-
-def decode_sizes(max_bs: int) -> list[int]:
-    sizes = (
-        [1, 2, 4, 8, 12]
-        + list(range(16, 257, 8))
-        + list(range(272, 512, 16))
-        + list(range(512, max_bs + 1, 32))
-    )
-    sizes = [s for s in sizes if s <= max_bs]
-    return sizes if max_bs in sizes else [*sizes, max_bs]
-
-
-def prefill_sizes(max_tokens: int) -> list[int]:
-    sizes = (
-        list(range(4, 33, 4))
-        + list(range(48, 257, 16))
-        + list(range(288, 513, 32))
-        + list(range(576, 1025, 64))
-        + list(range(1280, 4097, 256))
-        + list(range(4608, max_tokens + 1, 512))
-    )
-    return [s for s in sizes if s <= max_tokens]
 
 
 def tqdm_frames(label: str, key: str, values: list[int], avail: float, fail_at: int | None = None) -> None:
