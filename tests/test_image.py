@@ -123,6 +123,7 @@ def test_files_agree_with_the_configuration() -> None:
         ),
         ("k8s/pod.yaml", "failureThreshold: 240", "failureThreshold: 30", "startupProbe budget"),
         ("k8s/pod.yaml", "runAsUser: 1000", "runAsUser: 0", "user differs"),
+        ("k8s/pod.yaml", "optional: false", "optional: true", "non-optional Secret"),
         ("Dockerfile", "--start-period=2400s", "--start-period=600s", "start period differs"),
         ("Dockerfile", "GLM5_LOG_DIR=/var/log/glm5", "GLM5_LOG_DIR=/var/log/sglang", "log dir differs"),
         ("entrypoint/glm5.toml", "drain_seconds = 120", "drain_seconds = 600", "must exceed the drain bound"),

@@ -159,6 +159,16 @@ def check(root: Path, overrides: dict[str, str] | None = None) -> list[str]:
     ports = compose["ports"][0]
     if not ports.startswith("${GLM5_BIND:-127.0.0.1}:"):
         errors.append(f"compose publishes {ports}: bind to 127.0.0.1 by default")
+    key_file = {e["name"]: e.get("value") for e in container.get("env", [])}.get("GLM5_API_KEY_FILE")
+    if key_file:
+        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+        holders = [n for n, path in mounts.items() if key_file.startswith(path.rstrip("/") + "/")]
+        secret = volumes[holders[0]].get("secret", {}) if holders else {}
+        if not secret or secret.get("optional", False):
+            errors.append(
+                f"GLM5_API_KEY_FILE={key_file} must come from a mounted, non-optional Secret (launch refuses a missing file)"
+            )
     entry = shlex.split(container.get("args", ["serve"])[0])
     same("container command", pod=entry, expected=["serve"])
     return errors
