@@ -2,12 +2,14 @@
 # Container entrypoint (PID 1): validate and preflight, then run the server under supervisord.
 #   entrypoint.sh            serve (the default)
 #   entrypoint.sh CMD ...    run CMD instead (e.g. entrypoint/launch --dry-run, bash)
-# Exit codes: those of `launch --prepare` (3, 10-42), 70 when the server went FATAL, else supervisord's.
+# Exit codes (entrypoint/report.py): 2 arguments after serve, those of `launch --prepare` (3, 10-42),
+# 70 when the server went FATAL, else supervisord's.
 set -Eeuo pipefail
 
-GLM5_HOME=${GLM5_HOME:-/opt/glm5}
+GLM5_HOME=${GLM5_HOME:-$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)}
 export GLM5_HOME
-readonly FATAL_EXIT=70
+readonly FATAL_EXIT=70 USAGE_EXIT=2
+fatal_file=
 
 log() { printf 'glm5-serve: %s\n' "$*" >&2; }
 
@@ -19,7 +21,7 @@ load_settings() {
     export "$key=$value"
   done <<<"$lines"
   mkdir -p "$GLM5_LOG_DIR" "$GLM5_STATE_DIR"
-  rm -f "$GLM5_STATE_DIR/fatal"
+  fatal_file=$("$GLM5_HOME/entrypoint/launch" --state-path fatal)
 }
 
 # Run supervisord as a child so its exit can be judged; forward SIGTERM/SIGINT to it.
@@ -33,8 +35,8 @@ run_supervisor() {
     status=0
     wait "$child" || status=$?
   done
-  if [[ -f "$GLM5_STATE_DIR/fatal" ]]; then
-    log "$(cat "$GLM5_STATE_DIR/fatal")"
+  if [[ -f $fatal_file ]]; then
+    log "$(cat "$fatal_file")"
     return "$FATAL_EXIT"
   fi
   return "$status"
@@ -43,6 +45,10 @@ run_supervisor() {
 main() {
   if [[ $# -gt 0 && $1 != serve ]]; then
     exec "$@"
+  fi
+  if [[ $# -gt 1 ]]; then
+    log "error: serve takes no arguments (got: ${*:2}); put sglang flags in GLM5_EXTRA_ARGS"
+    return "$USAGE_EXIT"
   fi
   load_settings
   "$GLM5_HOME/entrypoint/launch" --prepare

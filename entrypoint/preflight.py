@@ -1,6 +1,6 @@
 """Checks run before anything expensive: GPUs, shared memory, the model folder, FlashInfer.
 
-Each failure is a Finding with its own exit code and a message that names the setting and the
+Each failure is a Problem with its own exit code and a message that names the setting and the
 fix. All findings are collected; the process exits with the code of the first one.
 """
 
@@ -13,19 +13,18 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from entrypoint.report import Log, Problem
+
 GPU_QUERY = "index,pci.bus_id,name,compute_cap,memory.total,driver_version"
-VERIFY = Path(__file__).resolve().parent.parent / "patches" / "verify"
+VERIFY = Path(__file__).resolve().parent.parent / "patches" / "verify"  # the thin executable
 ARCHITECTURE = "GlmMoeDsaForCausalLM"
-CHECKS = ("gpu", "shm", "model", "flashinfer", "flags")
 PARSE_FLAGS = (
     "import sys; from sglang.srt.server_args import prepare_server_args; prepare_server_args(sys.argv[1:])"
 )
-SKIP_VAR = "GLM5_SKIP_PREFLIGHT"
 
 # Exit codes, one per kind of failure (README: "Preflight exit codes").
 NVIDIA_SMI_MISSING = 10
@@ -44,18 +43,8 @@ MODEL_QUANTIZATION = 33
 MODEL_INDEX = 34
 MODEL_SHARDS = 35
 FLASHINFER = 40
-SKIP_SETTING = 41
+SKIP_SETTING = 41  # GLM5_SKIP_PREFLIGHT malformed (glm5.toml: its `code`)
 SERVER_FLAGS = 42
-
-
-@dataclass(frozen=True)
-class Finding:
-    code: int
-    setting: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"[{self.code}] {self.setting}: {self.message}"
 
 
 def download_hint(values: Mapping[str, Any]) -> str:
@@ -65,14 +54,14 @@ def download_hint(values: Mapping[str, Any]) -> str:
     )
 
 
-def query_gpus(nvidia_smi: str = "nvidia-smi") -> tuple[str | None, Finding | None]:
+def query_gpus(nvidia_smi: str = "nvidia-smi") -> tuple[str | None, Problem | None]:
     if shutil.which(nvidia_smi) is None:
-        return None, Finding(
-            NVIDIA_SMI_MISSING,
+        return None, Problem(
             "GPUs",
             "nvidia-smi is not in the container: run it with the "
             "NVIDIA runtime (compose: deploy.resources.reservations.devices; "
             "docker run --gpus all; k8s: nvidia.com/gpu: 8)",
+            code=NVIDIA_SMI_MISSING,
         )
     done = subprocess.run(
         [nvidia_smi, f"--query-gpu={GPU_QUERY}", "--format=csv"],
@@ -82,162 +71,166 @@ def query_gpus(nvidia_smi: str = "nvidia-smi") -> tuple[str | None, Finding | No
         timeout=60,
     )
     if done.returncode != 0:
-        return None, Finding(
-            NVIDIA_SMI_FAILED,
+        return None, Problem(
             "GPUs",
             f"nvidia-smi failed (exit {done.returncode}): "
             f"{(done.stdout + done.stderr).strip()[:300]}; check the host driver with "
             "nvidia-smi on the host",
+            code=NVIDIA_SMI_FAILED,
         )
     return done.stdout, None
 
 
-def check_gpus(csv_text: str, values: Mapping[str, Any], environ: Mapping[str, str]) -> list[Finding]:
+def check_gpus(csv_text: str, values: Mapping[str, Any], environ: Mapping[str, str]) -> list[Problem]:
     text = csv_text.strip()
     if not text or "No devices were found" in text:
         return [
-            Finding(
-                NVIDIA_SMI_FAILED,
+            Problem(
                 "GPUs",
                 "nvidia-smi sees no GPU: pin all eight GPUs to the "
                 "container (compose device_ids 0-7, NVIDIA_VISIBLE_DEVICES=all)",
+                code=NVIDIA_SMI_FAILED,
             )
         ]
     rows = list(csv.reader(io.StringIO(text), skipinitialspace=True))
     header = [h.split(" [")[0] for h in rows[0]]
     if header != GPU_QUERY.split(","):
         return [
-            Finding(
-                GPU_QUERY_UNREADABLE,
+            Problem(
                 "GPUs",
                 f"unexpected nvidia-smi header {rows[0]}: expected "
                 f"{GPU_QUERY} (is this nvidia-smi older than R580?)",
+                code=GPU_QUERY_UNREADABLE,
             )
         ]
     gpus = [dict(zip(header, r, strict=False)) for r in rows[1:] if r]
-    findings: list[Finding] = []
+    findings: list[Problem] = []
     where = ", ".join(f"{g.get('index', '?')}@{g.get('pci.bus_id', '?')}" for g in gpus)
     visible = environ.get("CUDA_VISIBLE_DEVICES") or environ.get("NVIDIA_VISIBLE_DEVICES") or "unset"
     want = values["gpu_count"]
     if len(gpus) != want:
         findings.append(
-            Finding(
-                GPU_COUNT,
+            Problem(
                 "GPUs",
                 f"{len(gpus)} GPU(s) visible ({where}; visible devices "
                 f"{visible}), TP{want} needs exactly {want}: pin GPUs 0-{want - 1} to the "
                 "container and leave CUDA_VISIBLE_DEVICES unset",
+                code=GPU_COUNT,
             )
         )
     for gpu in gpus:
         label = f"GPU {gpu.get('index', '?')} ({gpu.get('pci.bus_id', '?')}, {gpu.get('name', '?')})"
         if len(gpu) != len(header) or any(v.startswith("[") for v in gpu.values()):
             findings.append(
-                Finding(
-                    GPU_QUERY_UNREADABLE,
+                Problem(
                     "GPUs",
                     f"{label}: unreadable nvidia-smi row {gpu}; check the GPU with nvidia-smi -q on the host",
+                    code=GPU_QUERY_UNREADABLE,
                 )
             )
             continue
         if values["gpu_product"] not in gpu["name"]:
             findings.append(
-                Finding(
-                    GPU_PRODUCT,
+                Problem(
                     "GPUs",
                     f"{label} is not an {values['gpu_product']}: this image "
                     "is tuned and tested for RTX PRO 6000 Blackwell only",
+                    code=GPU_PRODUCT,
                 )
             )
         if gpu["compute_cap"] != values["compute_capability"]:
             findings.append(
-                Finding(
-                    GPU_COMPUTE_CAPABILITY,
+                Problem(
                     "GPUs",
                     f"{label} has compute capability "
                     f"{gpu['compute_cap']}, the image's kernels are built for "
                     f"{values['compute_capability']} (SM120)",
+                    code=GPU_COMPUTE_CAPABILITY,
                 )
             )
         mib = gpu["memory.total"].split()[0]
         if not mib.isdigit() or int(mib) < values["min_gpu_memory_mib"]:
             findings.append(
-                Finding(
-                    GPU_MEMORY,
+                Problem(
                     "GPUs",
                     f"{label} has {gpu['memory.total']}, GLM-5-NVFP4 at TP8 "
                     f"needs {values['min_gpu_memory_mib']} MiB or more per GPU (no MIG, no vGPU "
                     "slice)",
+                    code=GPU_MEMORY,
                 )
             )
         major = gpu["driver_version"].split(".")[0]
         if not major.isdigit() or int(major) < values["min_driver_major"]:
             findings.append(
-                Finding(
-                    GPU_DRIVER,
+                Problem(
                     "GPUs",
                     f"{label} runs driver {gpu['driver_version']}, the image's "
                     f"CUDA 13 needs R{values['min_driver_major']} or newer: upgrade the host "
                     "driver",
+                    code=GPU_DRIVER,
                 )
             )
     return findings
 
 
-def check_shm(values: Mapping[str, Any], shm: Path = Path("/dev/shm")) -> list[Finding]:
+def check_shm(values: Mapping[str, Any], shm: Path = Path("/dev/shm")) -> list[Problem]:
     try:
         st = os.statvfs(shm)
     except OSError as err:
-        return [Finding(SHM_TOO_SMALL, "/dev/shm", f"cannot stat {shm} ({err.strerror}): run with ipc: host")]
+        return [
+            Problem("/dev/shm", f"cannot stat {shm} ({err.strerror}): run with ipc: host", code=SHM_TOO_SMALL)
+        ]
     gib = st.f_frsize * st.f_blocks / 2**30
     if gib < values["min_shm_gib"]:
         return [
-            Finding(
-                SHM_TOO_SMALL,
+            Problem(
                 "/dev/shm",
                 f"{shm} is {gib:.2f} GiB, TP8 needs {values['min_shm_gib']} "
                 "GiB or more: run with ipc: host (compose), --ipc=host or --shm-size=32g (docker run), "
                 "or a Memory emptyDir at /dev/shm (k8s)",
+                code=SHM_TOO_SMALL,
             )
         ]
     return []
 
 
-def check_model(values: Mapping[str, Any]) -> list[Finding]:
+def check_model(values: Mapping[str, Any]) -> list[Problem]:
     model = Path(values["model_dir"])
     if not model.is_dir():
         return [
-            Finding(MODEL_DIR_MISSING, "GLM5_MODEL_DIR", f"{model} does not exist: {download_hint(values)}")
+            Problem(
+                "GLM5_MODEL_DIR", f"{model} does not exist: {download_hint(values)}", code=MODEL_DIR_MISSING
+            )
         ]
-    findings: list[Finding] = []
+    findings: list[Problem] = []
     config = read_json(model / "config.json")
     if not isinstance(config, dict):
         return [
-            Finding(
-                MODEL_CONFIG,
+            Problem(
                 "GLM5_MODEL_DIR",
                 f"{model}/config.json is {config}: the folder is not a "
                 f"Hugging Face checkpoint, or the download is incomplete; {download_hint(values)}",
+                code=MODEL_CONFIG,
             )
         ]
     archs = config.get("architectures") or []
     if ARCHITECTURE not in archs:
         findings.append(
-            Finding(
-                MODEL_ARCHITECTURE,
+            Problem(
                 "GLM5_MODEL_DIR",
                 f"{model} holds {archs or 'no architecture'}"
                 f", not {ARCHITECTURE}: point GLM5_MODEL_DIR at a GLM-5 checkpoint",
+                code=MODEL_ARCHITECTURE,
             )
         )
     if not is_modelopt_nvfp4(model, config):
         findings.append(
-            Finding(
-                MODEL_QUANTIZATION,
+            Problem(
                 "GLM5_MODEL_DIR",
                 f"{model} is not a ModelOpt NVFP4 "
                 "checkpoint (no hf_quant_config.json with quant_algo NVFP4, nor such a "
                 f"quantization_config): use {values['model_repo']} or another NVFP4 export",
+                code=MODEL_QUANTIZATION,
             )
         )
     findings += check_shards(model, values)
@@ -255,15 +248,15 @@ def is_modelopt_nvfp4(model: Path, config: Mapping[str, Any]) -> bool:
     return qc.get("quant_method") == "modelopt" and qc.get("quant_algo") == "NVFP4"
 
 
-def check_shards(model: Path, values: Mapping[str, Any]) -> list[Finding]:
+def check_shards(model: Path, values: Mapping[str, Any]) -> list[Problem]:
     index = read_json(model / "model.safetensors.index.json")
     if not isinstance(index, dict) or not isinstance(index.get("weight_map"), dict):
         return [
-            Finding(
-                MODEL_INDEX,
+            Problem(
                 "GLM5_MODEL_DIR",
                 f"{model}/model.safetensors.index.json is {index}: the "
                 f"download is incomplete; resume it ({download_hint(values)})",
+                code=MODEL_INDEX,
             )
         ]
     shards = sorted(set(index["weight_map"].values()))
@@ -282,11 +275,11 @@ def check_shards(model: Path, values: Mapping[str, Any]) -> list[Finding]:
         problems.append(f"{len(partial)} unfinished download file(s) ({', '.join(partial[:3])})")
     if problems:
         return [
-            Finding(
-                MODEL_SHARDS,
+            Problem(
                 "GLM5_MODEL_DIR",
                 f"{model}: {'; '.join(problems)}: the download did not "
                 f"finish; resume it ({download_hint(values)})",
+                code=MODEL_SHARDS,
             )
         ]
     return []
@@ -301,9 +294,9 @@ def read_json(path: Path) -> Any:
         return f"unreadable ({err})"
 
 
-def check_flashinfer(verify: Path = VERIFY, python: str = sys.executable) -> list[Finding]:
+def check_flashinfer(verify: Path = VERIFY) -> list[Problem]:
     done = subprocess.run(
-        [python, str(verify), "--skip-compile", "--json"],
+        [str(verify), "--skip-compile", "--json"],
         capture_output=True,
         text=True,
         check=False,
@@ -313,24 +306,24 @@ def check_flashinfer(verify: Path = VERIFY, python: str = sys.executable) -> lis
         result = json.loads(done.stdout)
     except ValueError:
         return [
-            Finding(
-                FLASHINFER,
+            Problem(
                 "FLASHINFER_CUDA_VERSION",
                 f"patches/verify did not run: {done.stderr.strip()[-400:]}",
+                code=FLASHINFER,
             )
         ]
     return [
-        Finding(
-            FLASHINFER,
+        Problem(
             "FLASHINFER_CUDA_VERSION" if c["check"].startswith("override") else "FlashInfer",
             c["detail"],
+            code=FLASHINFER,
         )
         for c in result["checks"]
         if not c["ok"]
     ]
 
 
-def check_flags(server_args: list[str], python: str = sys.executable) -> list[Finding]:
+def check_flags(server_args: list[str], python: str = sys.executable) -> list[Problem]:
     """Parse the server flags with sglang's own parser, as the server will (no GPU needed)."""
     done = subprocess.run(
         [python, "-c", PARSE_FLAGS, *server_args], capture_output=True, text=True, check=False, timeout=300
@@ -339,60 +332,40 @@ def check_flags(server_args: list[str], python: str = sys.executable) -> list[Fi
         return []
     last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
     return [
-        Finding(
-            SERVER_FLAGS,
+        Problem(
             "GLM5_EXTRA_ARGS",
             f"sglang's parser refused the server flags: {last}; "
             "fix or remove the flag (entrypoint/launch --dry-run shows the command)",
+            code=SERVER_FLAGS,
         )
     ]
-
-
-def skipped_checks(environ: Mapping[str, str]) -> tuple[set[str], list[Finding]]:
-    raw = environ.get(SKIP_VAR, "").strip()
-    if not raw:
-        return set(), []
-    names = {n.strip() for n in raw.split(",") if n.strip()}
-    if names == {"all"}:
-        return set(CHECKS), []
-    unknown = names - set(CHECKS)
-    if unknown:
-        return set(), [
-            Finding(
-                SKIP_SETTING,
-                SKIP_VAR,
-                f"unknown check(s) {', '.join(sorted(unknown))}: use a "
-                f"comma list of {', '.join(CHECKS)}, or all",
-            )
-        ]
-    return names, []
 
 
 def run(
     values: Mapping[str, Any],
     environ: Mapping[str, str],
-    log: Callable[[str], None],
+    log: Log,
     server_args: list[str],
     gpu_csv: str | None = None,
     shm: Path = Path("/dev/shm"),
-) -> list[Finding]:
-    skip, findings = skipped_checks(environ)
-    if findings:
-        return findings
+) -> list[Problem]:
+    """Every check not in GLM5_SKIP_PREFLIGHT (values["skip_preflight"]); all problems, collected."""
+    skip: set[str] = values["skip_preflight"]
+    problems: list[Problem] = []
     for name in sorted(skip):
-        log(f"preflight: WARNING: check '{name}' skipped by {SKIP_VAR}={environ[SKIP_VAR]}")
+        log.warning(f"preflight: check '{name}' skipped by GLM5_SKIP_PREFLIGHT")
     if "gpu" not in skip:
         if gpu_csv is None:
             gpu_csv, failure = query_gpus()
-            findings += [failure] if failure else []
+            problems += [failure] if failure else []
         if gpu_csv is not None:
-            findings += check_gpus(gpu_csv, values, environ)
+            problems += check_gpus(gpu_csv, values, environ)
     if "shm" not in skip:
-        findings += check_shm(values, shm)
+        problems += check_shm(values, shm)
     if "model" not in skip:
-        findings += check_model(values)
+        problems += check_model(values)
     if "flashinfer" not in skip:
-        findings += check_flashinfer()
+        problems += check_flashinfer()
     if "flags" not in skip:
-        findings += check_flags(server_args)
-    return findings
+        problems += check_flags(server_args)
+    return problems

@@ -9,44 +9,37 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from config import read_secret
+from entrypoint.report import Log, Problem
 
-DOWNLOAD_VAR = "GLM5_DOWNLOAD"
-
-
-def wanted(environ: Mapping[str, str]) -> tuple[bool, str | None]:
-    raw = environ.get(DOWNLOAD_VAR, "").strip().lower()
-    if raw in ("", "0", "false", "no"):
-        return False, None
-    if raw in ("1", "true", "yes"):
-        return True, None
-    return False, f"{DOWNLOAD_VAR}={raw!r}: expected 1 (download the weights at start) or 0"
+MODEL_DIR_MISSING = 30  # preflight's code: the start stops as if the folder were missing
 
 
 def download(
-    values: Mapping[str, Any],
-    environ: Mapping[str, str],
-    log: Callable[[str], None],
-    snapshot_download: Callable[..., str] | None = None,
-) -> list[str]:
-    """Fetch values['model_repo'] into values['model_dir'], resuming; returns errors."""
-    token, errors = read_secret(environ, "HF_TOKEN")
-    if errors:
-        return errors
+    values: Mapping[str, Any], log: Log, snapshot_download: Callable[..., str] | None = None
+) -> None:
+    """Fetch values['model_repo'] into values['model_dir'], resuming; raises a Problem."""
     if snapshot_download is None:
         try:
             from huggingface_hub import snapshot_download
-        except ImportError:
-            return [f"{DOWNLOAD_VAR}=1 needs huggingface_hub in the image: pip install huggingface_hub"]
-    log(
+        except ImportError as err:
+            raise Problem(
+                "GLM5_DOWNLOAD",
+                "needs huggingface_hub in the image",
+                "pip install huggingface_hub",
+                MODEL_DIR_MISSING,
+            ) from err
+    log.info(
         f"weights: downloading {values['model_repo']} into {values['model_dir']} (resumes a partial download)"
     )
     try:
-        snapshot_download(repo_id=values["model_repo"], local_dir=values["model_dir"], token=token)
-    except Exception as err:  # noqa: BLE001 - any hub failure is reported, then the start stops
-        return [
-            f"{DOWNLOAD_VAR}=1: downloading {values['model_repo']} failed: {err}; check HF_TOKEN(_FILE), "
-            "network access and free disk under the model folder"
-        ]
-    log(f"weights: {values['model_repo']} is in {values['model_dir']}")
-    return []
+        snapshot_download(
+            repo_id=values["model_repo"], local_dir=values["model_dir"], token=values["hf_token"]
+        )
+    except Exception as err:
+        raise Problem(
+            "GLM5_DOWNLOAD",
+            f"downloading {values['model_repo']} failed: {err}",
+            "check HF_TOKEN(_FILE), network access and free disk under the model folder",
+            MODEL_DIR_MISSING,
+        ) from err
+    log.info(f"weights: {values['model_repo']} is in {values['model_dir']}")

@@ -13,8 +13,9 @@ import os
 import re
 from pathlib import Path
 
+from entrypoint.state import MARKER, MARKER_TEXT
+
 TAIL_BYTES = 4 * 1024 * 1024
-MARKER = re.compile(rb"glm5-serve: server start #(\d+) at (\S+)")
 NUMS = rb"\[([0-9, ]*)\]"
 FRAME_TAIL = rb"[^)\r\n]*\):\s*\d+%\|[^|\r\n]*\|\s*(\d+)/(\d+)"
 
@@ -52,7 +53,6 @@ KEYWORDS = (
     b"out of memory",
     b"sigquit",
 )
-MARKER_TEXT = b"glm5-serve: server start #"
 EXCEPTION_LINE = re.compile(rb"^((?:[A-Za-z_][\w.]*)?(?:Error|Exception|Interrupt): [^\r\n]*)", re.M)
 
 
@@ -89,7 +89,7 @@ def numbers(raw: bytes) -> list[int]:
 
 def scan(data: bytes) -> Scan:
     result = Scan(bytes_read=len(data))
-    at = data.rfind(MARKER_TEXT)
+    at = data.rfind(MARKER_TEXT.encode())
     if at >= 0:
         marker = MARKER.search(data, at)
         if marker is not None:

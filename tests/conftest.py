@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# The kit's thin executables run `python3` from PATH: make it this interpreter (the test venv's).
+os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
 SCENARIOS = ROOT / "tests" / "helpers" / "dynamo_scenarios.py"
 
 
@@ -41,7 +43,7 @@ def copy_flashinfer(dest: Path) -> Path:
 
 def run_apply(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, str(ROOT / "patches" / "apply"), *args], capture_output=True, text=True, check=False
+        [str(ROOT / "patches" / "apply"), *args], capture_output=True, text=True, check=False
     )
 
 
@@ -76,7 +78,7 @@ def tree_env(tree: Path, **env: str | None) -> dict[str, str]:
     out = {
         k: v for k, v in os.environ.items() if k not in ("FLASHINFER_CUDA_VERSION", "CUDA_HOME", "CUDA_PATH")
     }
-    out["PYTHONPATH"] = str(tree)
+    out["PYTHONPATH"] = f"{tree}{os.pathsep}{ROOT}"
     for key, value in env.items():
         if value is None:
             out.pop(key, None)

@@ -3,38 +3,23 @@ runs of the real sglang 0.5.23 bench_serving against the server test double."""
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
-import config
+from ci import bench
 from conftest import ROOT
-from helpers.container import DOUBLE, Container, free_port, start
+from entrypoint import config
+from helpers.container import Container, environment, free_port, start
 
 BENCH = ROOT / "ci" / "bench"
 BENCH_PYTHON = ROOT / ".venv-bench" / "bin" / "python"
 FIXTURES = ROOT / "tests" / "fixtures" / "bench"
-
-
-def load_bench() -> ModuleType:
-    loader = importlib.machinery.SourceFileLoader("ci_bench", str(BENCH))
-    spec = importlib.util.spec_from_loader("ci_bench", loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["ci_bench"] = module  # dataclasses look their module up while the class is made
-    loader.exec_module(module)
-    return module
-
-
-bench = load_bench()
 
 
 def test_bench_serving_command_line() -> None:
@@ -159,7 +144,7 @@ def run_bench(
     small = ["--concurrency", "4", "--input-len", "32", "--output-len", "8", "--num-prompts", "12"]
     full = os.environ | {"GLM5_BENCH_PYTHON": str(BENCH_PYTHON)} | (env or {})
     return subprocess.run(
-        [sys.executable, str(BENCH), "--out", str(tmp_path / "out"), "--tokenizer", str(tokenizer), *small, *args],
+        [str(BENCH), "--out", str(tmp_path / "out"), "--tokenizer", str(tokenizer), *small, *args],
         capture_output=True, text=True, env=full, check=False, timeout=600,
     )  # fmt: skip
 
@@ -191,12 +176,7 @@ def test_sweep_end_to_end_with_a_variant_that_never_becomes_healthy(tmp_path: Pa
         '[[variant]]\nname = "oom"\nreason = "runs out of memory in capture"\nenv = { SGLANG_DOUBLE_MODE = "oom-capture", GLM5_START_RETRIES = "0" }\n'
     )  # fmt: skip
     port = free_port()
-    env = {
-        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-        "GLM5_HOME": str(ROOT), "GLM5_LOG_DIR": str(tmp_path / "log"), "GLM5_STATE_DIR": str(tmp_path / "run"),
-        "GLM5_PORT": str(port), "GLM5_SKIP_PREFLIGHT": "all", "GLM5_SERVER_PROGRAM": f"{sys.executable} {DOUBLE}",
-        "GLM5_START_SECONDS": "4", "GLM5_START_RETRIES": "1", "GLM5_DRAIN_SECONDS": "3", "SGLANG_DOUBLE_STATE": str(tmp_path),
-    }  # fmt: skip
+    env = environment(tmp_path, port)
     done = run_bench(
         tmp_path,
         "--sweep",

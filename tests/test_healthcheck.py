@@ -25,7 +25,7 @@ LOGS = ROOT / "tests" / "fixtures" / "logs"
 def probe(*args: str, **env: str) -> tuple[int, dict[str, Any]]:
     full = {k: v for k, v in os.environ.items() if not k.startswith("GLM5_")} | env
     done = subprocess.run(
-        [sys.executable, str(HEALTHCHECK), "--json", *args],
+        [str(HEALTHCHECK), "--json", *args],
         capture_output=True,
         text=True,
         env=full,
@@ -96,7 +96,6 @@ def test_phases_as_the_log_grows(tmp_path: Path) -> None:
 def test_status_line_for_people(tmp_path: Path) -> None:
     done = subprocess.run(
         [
-            sys.executable,
             str(HEALTHCHECK),
             "--status",
             "--log",
@@ -194,9 +193,7 @@ def test_liveness_never_fails_a_slow_start_but_fails_a_dead_server(tmp_path: Pat
 
 
 def test_timeout_under_three_seconds_is_refused() -> None:
-    done = subprocess.run(
-        [sys.executable, str(HEALTHCHECK), "--timeout", "1"], capture_output=True, text=True, check=False
-    )
+    done = subprocess.run([str(HEALTHCHECK), "--timeout", "1"], capture_output=True, text=True, check=False)
     assert done.returncode == 2 and "use 3 s or more" in done.stderr
 
 
@@ -234,7 +231,7 @@ def test_one_probe_on_a_1gb_log_is_cheap(tmp_path: Path) -> None:
     began = time.monotonic()
     # As the image runs it: python3 -S (the shebang), the image's GLM5_* environment, no HTTP wait.
     done = subprocess.run(
-        [sys.executable, "-S", str(HEALTHCHECK), "--json", "--no-http"],
+        [str(HEALTHCHECK), "--json", "--no-http"],
         capture_output=True,
         text=True,
         env=os.environ | env,
@@ -251,8 +248,7 @@ def test_one_probe_on_a_1gb_log_is_cheap(tmp_path: Path) -> None:
 
 
 def test_scan_cost_is_bounded_by_the_tail(tmp_path: Path) -> None:
-    sys.path.insert(0, str(ROOT / "healthcheck"))
-    import logscan
+    from healthcheck import logscan
 
     log = tmp_path / "big.log"
     with log.open("wb") as fh:

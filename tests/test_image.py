@@ -154,9 +154,9 @@ def test_dockerfile_versions_match_the_lock() -> None:
 
 
 def test_assert_versions_refuses_a_mismatch() -> None:
-    ok = run(sys.executable, "image/assert-versions", f"pytest=={__import__('pytest').__version__}")
+    ok = run("image/assert-versions", f"pytest=={__import__('pytest').__version__}")
     assert ok.returncode == 0, ok.stderr
-    bad = run(sys.executable, "image/assert-versions", "pytest==0.0.1", "no-such-package==1.0")
+    bad = run("image/assert-versions", "pytest==0.0.1", "no-such-package==1.0")
     assert bad.returncode == 1
     assert "pytest: the Dockerfile ARG says 0.0.1" in bad.stderr and "no-such-package" in bad.stderr
 

@@ -11,9 +11,8 @@ from typing import Any
 
 import pytest
 
-import batch_sizes
-import config
 from conftest import ROOT
+from entrypoint import batch_sizes, config
 
 LAUNCH = ROOT / "entrypoint" / "launch"
 STUBS = ROOT / "tests" / "stubs"
@@ -21,9 +20,7 @@ STUBS = ROOT / "tests" / "stubs"
 
 def launch(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     full = {k: v for k, v in os.environ.items() if not k.startswith("GLM5_")} | env
-    return subprocess.run(
-        [sys.executable, str(LAUNCH), *args], capture_output=True, text=True, env=full, check=False
-    )
+    return subprocess.run([str(LAUNCH), *args], capture_output=True, text=True, env=full, check=False)
 
 
 def oracle(request: dict[str, Any]) -> dict[str, Any]:

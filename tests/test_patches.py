@@ -106,7 +106,7 @@ def test_apply_is_idempotent_and_records(tmp_path: Path) -> None:
 def test_apply_defaults_to_the_imported_flashinfer(tmp_path: Path) -> None:
     tree = copy_flashinfer(tmp_path / "site")
     done = subprocess.run(
-        [sys.executable, str(PATCHES / "apply"), "--dry-run"],
+        [str(PATCHES / "apply"), "--dry-run"],
         capture_output=True,
         text=True,
         env=tree_env(tree),
@@ -171,7 +171,7 @@ def test_every_patch_file_is_in_the_series() -> None:
 
 def run_verify(tree: Path, *args: str, **env: str | None) -> dict[str, Any]:
     done = subprocess.run(
-        [sys.executable, str(PATCHES / "verify"), "--json", *args],
+        [str(PATCHES / "verify"), "--json", *args],
         capture_output=True,
         text=True,
         env=tree_env(tree, **env),

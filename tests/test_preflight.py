@@ -12,10 +12,8 @@ from typing import Any
 
 import pytest
 
-import config
-import preflight
-import weights
 from conftest import ROOT
+from entrypoint import config, preflight, weights
 
 SMI = ROOT / "tests" / "fixtures" / "nvidia-smi"
 SHARDS = [
@@ -236,7 +234,7 @@ def run_prepare(tmp_path: Path, smi_fixture: str, **env: str) -> subprocess.Comp
     base = {k: v for k, v in os.environ.items() if not k.startswith(("GLM5_", "FLASHINFER_"))}
     full = base | {"PATH": f"{bin_dir}:{os.environ['PATH']}"} | env
     return subprocess.run(
-        [sys.executable, str(ROOT / "entrypoint/launch"), "--prepare"],
+        [str(ROOT / "entrypoint/launch"), "--prepare"],
         capture_output=True,
         text=True,
         env=full,

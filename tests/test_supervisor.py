@@ -26,7 +26,7 @@ def test_serves_and_stops_cleanly_on_sigterm(tmp_path: Path, containers: list[Co
     assert "===== glm5-serve: server start #1" in log
     assert "Capture target decode CUDA graph end. bs=[1, 2, 4" in log
     time.sleep(1.5)  # logtail polls: docker logs (stdout) gets the same lines
-    stdout = (tmp_path / "stdout").read_text()
+    stdout = c.entrypoint_output.read_text()
     assert "The server is fired up and ready to roll!" in stdout
     assert "glm5-serve: server start #1" in stdout
     assert len(c.leftovers()) >= 2  # the server and its scheduler stand-in
@@ -50,7 +50,7 @@ def test_repeated_failure_goes_fatal_and_exits_non_zero(tmp_path: Path, containe
     c = start(tmp_path, "crash-loading")
     containers.append(c)
     assert c.proc.wait(timeout=60) == 70
-    assert "went FATAL" in (tmp_path / "stderr").read_text()
+    assert "went FATAL" in c.entrypoint_output.read_text()
     assert c.output().count("glm5-serve: server start #") == 2  # first start + GLM5_START_RETRIES=1
     assert c.leftovers() == []
 
@@ -72,7 +72,7 @@ def test_preflight_failure_stops_before_supervisord(tmp_path: Path, containers: 
     c = start(tmp_path, GLM5_SKIP_PREFLIGHT="gpu,shm,flashinfer,flags", GLM5_MODEL_DIR=str(tmp_path / "none"))
     containers.append(c)
     assert c.proc.wait(timeout=30) == 30
-    assert "hf download nvidia/GLM-5-NVFP4" in (tmp_path / "stderr").read_text()
+    assert "hf download nvidia/GLM-5-NVFP4" in c.entrypoint_output.read_text()
     assert not c.log.exists()
 
 
@@ -80,7 +80,6 @@ def test_entrypoint_runs_other_commands(tmp_path: Path) -> None:
     done = subprocess.run(
         [
             str(ROOT / "entrypoint/entrypoint.sh"),
-            sys.executable,
             str(ROOT / "entrypoint/launch"),
             "--dry-run",
         ],

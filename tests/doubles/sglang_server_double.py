@@ -28,11 +28,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "entrypoint"))
-from batch_sizes import (
-    decode_batch_sizes as decode_sizes,
-)
-from batch_sizes import prefill_token_sizes as prefill_sizes
+from sglang_rules import decode_batch_sizes as decode_sizes
+from sglang_rules import prefill_token_sizes as prefill_sizes
 
 MODES = set(filter(None, os.environ.get("SGLANG_DOUBLE_MODE", "ok").split(",")))
 TICK = float(os.environ.get("SGLANG_DOUBLE_TICK", "0.01"))

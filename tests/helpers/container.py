@@ -1,19 +1,19 @@
-"""The container as entrypoint.sh runs it, on this machine: the real supervisord, the SGLang server test double."""
+"""The container as entrypoint.sh runs it, on this machine: the real supervisord, the SGLang server test double.
+
+A thin layer over ci/readiness.py's Local target, so the tests boot and wait exactly as ci/smoke and ci/bench do.
+"""
 
 from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
+from ci import readiness
 from conftest import ROOT
 
 DOUBLE = ROOT / "tests" / "doubles" / "sglang_server_double.py"
@@ -27,33 +27,32 @@ def free_port() -> int:
 
 @dataclass
 class Container:
-    """entrypoint.sh as PID 1 would run it, on this machine, with the double as the server program."""
+    """entrypoint.sh as PID 1 would run it, with the double as the server program."""
 
-    proc: subprocess.Popen[str]
+    target: readiness.Local
     port: int
     tmp: Path
+
+    @property
+    def proc(self) -> object:
+        assert self.target.proc is not None
+        return self.target.proc
 
     @property
     def log(self) -> Path:
         return self.tmp / "log" / "server.log"
 
-    def health(self) -> int:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as r:
-                return int(r.status)
-        except urllib.error.HTTPError as err:
-            return err.code
-        except OSError:
-            return 0
+    @property
+    def entrypoint_output(self) -> Path:
+        """What entrypoint.sh and supervisord printed (docker logs), stdout and stderr together."""
+        return self.target.output
+
+    def health(self) -> int | str:
+        return readiness.http_status(f"http://127.0.0.1:{self.port}")
 
     def wait_healthy(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.health() == 200:
-                return
-            assert self.proc.poll() is None, f"entrypoint exited {self.proc.returncode}: {self.output()}"
-            time.sleep(0.2)
-        raise AssertionError(f"not healthy in {timeout}s: {self.output()}")
+        waited = readiness.wait_until_ready(self.target, timeout, 0.2, readiness.now(), lambda _line: None)
+        assert waited.ready, f"not ready: {waited.reason}\n{self.output()}"
 
     def output(self) -> str:
         return self.log.read_text() if self.log.exists() else "(no server.log)"
@@ -73,29 +72,33 @@ class Container:
         return mine
 
 
+def environment(tmp: Path, port: int, mode: str = "ok", **env: str) -> dict[str, str]:
+    """The container's environment on this machine: the kit from this checkout, the double as the server."""
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("GLM5_", "SGLANG_DOUBLE"))}
+    return (
+        full
+        | {
+            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+            "GLM5_HOME": str(ROOT),
+            "GLM5_LOG_DIR": str(tmp / "log"),
+            "GLM5_STATE_DIR": str(tmp / "run"),
+            "GLM5_PORT": str(port),
+            "GLM5_SKIP_PREFLIGHT": "all",
+            "GLM5_SERVER_PROGRAM": f"{sys.executable} {DOUBLE}",
+            "GLM5_START_SECONDS": "4",
+            "GLM5_START_RETRIES": "1",
+            "GLM5_DRAIN_SECONDS": "3",
+            "SGLANG_DOUBLE_MODE": mode,
+            "SGLANG_DOUBLE_STATE": str(tmp),
+        }
+        | env
+    )
+
+
 def start(tmp: Path, mode: str = "ok", **env: str) -> Container:
     port = free_port()
-    full = {k: v for k, v in os.environ.items() if not k.startswith(("GLM5_", "SGLANG_DOUBLE"))}
-    full |= {
-        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-        "GLM5_HOME": str(ROOT),
-        "GLM5_LOG_DIR": str(tmp / "log"),
-        "GLM5_STATE_DIR": str(tmp / "run"),
-        "GLM5_PORT": str(port),
-        "GLM5_SKIP_PREFLIGHT": "all",
-        "GLM5_SERVER_PROGRAM": f"{sys.executable} {DOUBLE}",
-        "GLM5_START_SECONDS": "4",
-        "GLM5_START_RETRIES": "1",
-        "GLM5_DRAIN_SECONDS": "3",
-        "SGLANG_DOUBLE_MODE": mode,
-        "SGLANG_DOUBLE_STATE": str(tmp),
-    } | env
-    proc = subprocess.Popen(
-        [str(ROOT / "entrypoint" / "entrypoint.sh")],
-        env=full,
-        stdout=(tmp / "stdout").open("w"),
-        stderr=(tmp / "stderr").open("w"),
-        text=True,
-        start_new_session=True,
-    )
-    return Container(proc, port, tmp)
+    full = environment(tmp, port, mode, **env)
+    conn = readiness.Connection(f"http://127.0.0.1:{port}", None)
+    target = readiness.Local(conn, full, tmp / "entrypoint.out", stop_timeout=20)
+    target.boot({})
+    return Container(target, port, tmp)

@@ -6,8 +6,6 @@ Run in a subprocess with PYTHONPATH pointing at the flashinfer tree under test:
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import json
 import os
 import sys
@@ -20,16 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ENV = "FLASHINFER_CUDA_VERSION"
 
 
-def load_verify() -> Any:
-    loader = importlib.machinery.SourceFileLoader("verify", str(ROOT / "patches" / "verify"))
-    spec = importlib.util.spec_from_loader("verify", loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
-
-
-verify = load_verify()
+from patches import verify  # the caller puts the kit's root on PYTHONPATH after the tree under test
 
 
 def spawn_counter() -> Callable[[], int]:

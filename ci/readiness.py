@@ -1,0 +1,296 @@
+"""One notion of a target and one wait-until-ready, for ci/smoke, ci/bench and the tests.
+
+A target is where the server runs:
+- Compose: the compose service `glm5` on this host (`docker compose up -d`), read with the healthcheck inside;
+- Local: entrypoint/entrypoint.sh from this checkout as a child process (bare metal; the tests with the
+  server double), read with the healthcheck from this checkout;
+- Url: a server that is already running; read with the healthcheck when its log is on this machine.
+
+Every target has the same URL, port and API key rules (`connection`): the host port is GLM5_HOST_PORT, the
+key GLM5_API_KEY or GLM5_API_KEY_FILE. `wait_until_ready` applies one rule to all of them: ready when
+/health answers 200 and the healthcheck (where it can be read) says `ready`; failed when the healthcheck
+says `failed` or the target exited; a start that began before this boot counts as still starting.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from entrypoint import settings
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVICE = "glm5"
+HEALTHCHECK_IN_IMAGE = "healthcheck/healthcheck"
+
+
+@dataclass(frozen=True)
+class Connection:
+    url: str
+    api_key: str | None
+
+
+def connection(environ: Mapping[str, str], url: str | None = None) -> Connection:
+    """The server's base URL (default: this host's published port) and API key; raises report.Problems."""
+    values = settings.resolve(environ, where="ci")
+    base = url or f"http://127.0.0.1:{values['host_port']}"
+    return Connection(base.rstrip("/"), values["api_key"])
+
+
+def http_status(url: str, path: str = "/health", timeout: float = 10) -> int | str:
+    try:
+        with urllib.request.urlopen(url + path, timeout=timeout) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as err:
+        return err.code
+    except (OSError, ValueError) as err:
+        return f"no answer ({getattr(err, 'reason', err)})"
+
+
+def first_json(text: str) -> Any:
+    """The JSON document in a command's output: the whole text, else its first line that parses."""
+    for candidate in (text, *text.splitlines()):
+        try:
+            return json.loads(candidate)
+        except ValueError:
+            continue
+    return None
+
+
+class Target:
+    """The interface every target offers; the defaults suit a server this tool did not start."""
+
+    label = "server"
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    def boot(self, env: Mapping[str, str]) -> None:
+        """Start the server with these extra settings (no-op for a running server)."""
+
+    def state(self) -> dict[str, Any] | None:
+        """The healthcheck's JSON for this server, or None where it cannot be read."""
+        return None
+
+    def exited(self) -> str | None:
+        """Why the server's container or process is gone, or None while it runs."""
+        return None
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "(the server's log is not on this machine)"
+
+    def stop(self) -> None:
+        """Stop what boot started (no-op for a running server)."""
+
+
+class Url(Target):
+    """A running server; its log is read when GLM5_LOG_DIR names a folder on this machine."""
+
+    label = "url"
+
+    def __init__(self, conn: Connection, environ: Mapping[str, str]) -> None:
+        super().__init__(conn)
+        self.env = dict(environ)
+        log_dir = environ.get("GLM5_LOG_DIR", "").strip()
+        self.log = Path(log_dir, "server.log") if log_dir else None
+
+    def state(self) -> dict[str, Any] | None:
+        if self.log is None or not self.log.exists():
+            return None
+        return local_healthcheck(self.conn.url, self.env)
+
+    def log_tail(self, lines: int = 40) -> str:
+        if self.log is None or not self.log.exists():
+            return super().log_tail(lines)
+        text = self.log.read_text(errors="replace").replace("\r", "\n")
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def local_healthcheck(url: str, env: Mapping[str, str]) -> dict[str, Any] | None:
+    done = subprocess.run(
+        [str(ROOT / HEALTHCHECK_IN_IMAGE), "--json", "--url", url],
+        capture_output=True,
+        text=True,
+        env=dict(env),
+        check=False,
+    )
+    state: dict[str, Any] | None = first_json(done.stdout)
+    return state
+
+
+class Local(Url):
+    """entrypoint/entrypoint.sh from this checkout, as a child in its own session."""
+
+    label = "local"
+
+    def __init__(
+        self, conn: Connection, environ: Mapping[str, str], output: Path, stop_timeout: float = 180
+    ) -> None:
+        super().__init__(conn, environ)
+        self.output, self.stop_timeout = output, stop_timeout
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def boot(self, env: Mapping[str, str]) -> None:
+        self.stop()
+        self.env = self.env | dict(env)
+        log_dir = self.env.get("GLM5_LOG_DIR", "").strip()
+        self.log = Path(log_dir, "server.log") if log_dir else None
+        with self.output.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [str(ROOT / "entrypoint" / "entrypoint.sh")],
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def exited(self) -> str | None:
+        if self.proc is None or self.proc.poll() is None:
+            return None
+        return f"the entrypoint exited with {self.proc.returncode} (its output: {self.output})"
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=self.stop_timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.proc = None
+
+
+class Compose(Target):
+    """The compose service on this host; extra settings go in an override file beside the outputs."""
+
+    label = "compose"
+
+    def __init__(self, conn: Connection, scratch: Path) -> None:
+        super().__init__(conn)
+        self.scratch = scratch
+        self.files = ["-f", str(ROOT / "docker-compose.yml")]
+
+    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["docker", "compose", *self.files, *args], cwd=ROOT, capture_output=True, text=True, check=False
+        )
+
+    def boot(self, env: Mapping[str, str]) -> None:
+        self.files = ["-f", str(ROOT / "docker-compose.yml")]
+        if env:
+            override = self.scratch / "compose.override.json"
+            override.write_text(json.dumps({"services": {SERVICE: {"environment": dict(env)}}}))
+            self.files += ["-f", str(override)]
+        done = self.run("up", "-d", "--force-recreate", SERVICE)
+        if done.returncode != 0:
+            raise RuntimeError(f"docker compose up failed: {(done.stdout + done.stderr).strip()[-800:]}")
+
+    def exec(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return self.run("exec", "-T", SERVICE, *args)
+
+    def state(self) -> dict[str, Any] | None:
+        home = settings.resolve({})["home"]
+        state: dict[str, Any] | None = first_json(
+            self.exec(f"{home}/{HEALTHCHECK_IN_IMAGE}", "--json").stdout
+        )
+        return state
+
+    def exited(self) -> str | None:
+        done = self.run("ps", "--all", "--format", "{{.State}} {{.ExitCode}}", SERVICE)
+        words = done.stdout.split()
+        if words and words[0] in ("exited", "dead"):
+            return f"the container exited with {words[1] if len(words) > 1 else '?'} (docker compose logs {SERVICE})"
+        return None
+
+    def log_tail(self, lines: int = 40) -> str:
+        return self.run("logs", "--no-color", "--tail", str(lines), SERVICE).stdout
+
+    def stop(self) -> None:
+        self.run("down")
+
+
+@dataclass
+class Readiness:
+    ready: bool
+    state: dict[str, Any] | None
+    reason: str
+    seconds: float
+
+
+def describe(state: dict[str, Any] | None, health: int | str) -> str:
+    if state is None:
+        return f"/health: {health}"
+    text = state["phase"]
+    if state["phase"] == "capturing":
+        text += (
+            f" (prefill {state.get('prefill_captured')}/{state.get('prefill_expected')}, "
+            f"decode {state.get('decode_captured')}/{state.get('decode_expected')})"
+        )
+    if state.get("reason"):
+        text += f": {state['reason']}"
+    return f"{text}; /health: {health}"
+
+
+def stale(state: dict[str, Any], since: datetime.datetime) -> bool:
+    """The healthcheck describes a start from before this boot (an earlier variant's, still in the log),
+    or no start at all yet while nothing has failed."""
+    started = state.get("started_at")
+    if started is None:
+        return bool(state["phase"] != "failed")
+    return datetime.datetime.fromisoformat(started) < since
+
+
+def wait_until_ready(
+    target: Target,
+    timeout: float,
+    poll: float,
+    since: datetime.datetime,
+    progress: Callable[[str], None],
+) -> Readiness:
+    """Poll until the start that began at or after `since` is ready or failed, or `timeout` passes;
+    print each change of phase through `progress`."""
+    began, last = time.monotonic(), ""
+    state: dict[str, Any] | None = None
+    while True:
+        elapsed = time.monotonic() - began
+        health = http_status(target.conn.url)
+        state = target.state()
+        if state is not None and stale(state, since):
+            state = {"phase": "starting", "reason": "no start since the boot yet"}
+        line = describe(state, health)
+        if line != last:
+            progress(f"[{elapsed:6.0f}s] {line}")
+            last = line
+        if state is not None and state["phase"] == "failed":
+            return Readiness(False, state, str(state.get("reason")), elapsed)
+        if health == 200 and (state is None or state["phase"] == "ready"):
+            return Readiness(True, state, "", elapsed)
+        gone = target.exited()
+        if gone:
+            return Readiness(False, state, gone, elapsed)
+        if elapsed >= timeout:
+            return Readiness(False, state, f"not ready within {timeout:.0f}s", elapsed)
+        time.sleep(poll)
+
+
+def now() -> datetime.datetime:
+    """The boot time to pass as `since` (a second early: log timestamps have second resolution)."""
+    return datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=1)
+
+
+def say(prog: str) -> Callable[[str], None]:
+    def progress(line: str) -> None:
+        print(f"{prog}: {line}", file=sys.stdout, flush=True)
+
+    return progress

@@ -1,0 +1,205 @@
+"""Render and run the SGLang server from entrypoint/glm5.toml and the GLM5_* overrides.
+
+    entrypoint/launch --dry-run [--json]   print the server command (or its argv as JSON), touch nothing
+    entrypoint/launch --prepare            validate, download if GLM5_DOWNLOAD=1, run preflight
+    entrypoint/launch --serve              write the run state and a start marker, run the server
+    entrypoint/launch --reference          print the configuration reference (markdown)
+    entrypoint/launch --supervisor-env     print the GLM5_* settings supervisord.conf expands
+
+    entrypoint/launch --state-path NAME   print the path of a state file (entrypoint/state.py)
+
+Exit codes (entrypoint/report.py): 0 ok, 2 usage, 3 invalid setting, 10-42 preflight, 127 no server program.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from entrypoint import config, preflight, settings, state, weights
+from entrypoint.report import INVALID_SETTING, NO_SERVER_PROGRAM, Log, Problem, Problems
+
+LOG = Log("glm5-serve")
+KIT_ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+def resolve_or_exit() -> config.Effective:
+    try:
+        effective = config.resolve(os.environ)
+    except Problems as err:
+        LOG.problems(err.problems)
+        sys.exit(INVALID_SETTING)
+    for warning in settings.elsewhere(os.environ):
+        LOG.warning(warning)
+    return effective
+
+
+def dry_run(effective: config.Effective, as_json: bool) -> int:
+    argv = effective.redacted_argv()
+    print(json.dumps(argv) if as_json else shlex.join(argv))
+    return 0
+
+
+def prepare(effective: config.Effective) -> int:
+    values = effective.values
+    state.clear_fatal(values["state_dir"])
+    if values["download"]:
+        try:
+            weights.download(values, LOG)
+        except Problem as problem:
+            return LOG.problems([problem], "problem downloading the weights")
+    problems = preflight.run(values, os.environ, LOG, effective.argv[len(config.SERVER_PROGRAM) :])
+    if problems:
+        return LOG.problems(
+            problems,
+            f"preflight problem(s); fix them, or skip a check with GLM5_SKIP_PREFLIGHT=<{','.join(settings.declarations()['GLM5_SKIP_PREFLIGHT'].choices)}|all> (logged)",
+        )
+    LOG.info("preflight: ok (GPUs, /dev/shm, model folder, FlashInfer patch, server flags)")
+    return 0
+
+
+def serve(effective: config.Effective) -> int:
+    state_dir = effective.values["state_dir"]
+    Path(state_dir).mkdir(parents=True, exist_ok=True)
+    start = state.next_start(state_dir)
+    argv = list(effective.argv)
+    replacement = effective.values["server_program"]
+    if replacement:
+        argv = replacement + argv[len(config.SERVER_PROGRAM) :]
+    started_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    record = effective.state() | {"start": start, "pid": os.getpid(), "started_at": started_at}
+    state.write_launch(state_dir, record)
+    marker = state.marker_line(
+        start, started_at, os.getpid(), record["decode_expected"], record["prefill_expected"]
+    )
+    print(marker, flush=True)
+    if replacement:
+        LOG.warning(f"GLM5_SERVER_PROGRAM replaces the server program with: {shlex.join(replacement)}")
+    if shutil.which(argv[0]) is None:
+        LOG.error(f"server program {argv[0]!r} not found on PATH")
+        return NO_SERVER_PROGRAM
+    return supervise(argv, server_env(os.environ, effective.env))
+
+
+def server_env(environ: dict[str, str] | os._Environ[str], extra: dict[str, str]) -> dict[str, str]:
+    """The server's environment: ours plus the configuration's, less the kit's own import path (the thin
+    executables put the kit's folder on PYTHONPATH; the server must not import from it)."""
+    env = dict(environ) | extra
+    kept = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != KIT_ROOT]
+    if kept:
+        env["PYTHONPATH"] = os.pathsep.join(kept)
+    else:
+        env.pop("PYTHONPATH", None)
+    return env
+
+
+def supervise(argv: list[str], env: dict[str, str]) -> int:
+    """Run the server as a child rather than exec it: when it exits, kill what it left behind in
+    this process group (TP workers holding GPU memory would make the restart run out of memory)."""
+    if os.getpgrp() != os.getpid():
+        os.setpgid(0, 0)  # lead our own group (supervisord already does this), so only the server's is reaped
+    child = subprocess.Popen(argv, env=env)
+
+    def forward(signum: int, _frame: object) -> None:
+        child.send_signal(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, forward)
+    code = child.wait()
+    leftovers = [pid for pid in group_members(os.getpgrp()) if pid != os.getpid()]
+    for pid in leftovers:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    if leftovers:
+        LOG.warning(
+            f"server exited ({code}); killed {len(leftovers)} process(es) it left behind: {leftovers}"
+        )
+    return code if code >= 0 else 128 - code
+
+
+def group_members(pgid: int) -> list[int]:
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                members.append(int(stat.parent.name))
+    return members
+
+
+SUPERVISOR_KEYS = (
+    "log_dir",
+    "state_dir",
+    "start_seconds",
+    "start_retries",
+    "drain_seconds",
+    "log_max_bytes",
+    "log_backups",
+)
+
+
+def supervisor_env(effective: config.Effective) -> int:
+    """KEY=VALUE lines for entrypoint.sh, expanded by supervisord.conf as %(ENV_GLM5_...)s."""
+    for key in SUPERVISOR_KEYS:
+        print(f"GLM5_{key.upper()}={effective.values[key]}")
+    return 0
+
+
+def reference() -> int:
+    cfg = settings.load_config()
+    values = config.resolve({}).values | {
+        "api_key": "(GLM5_API_KEY)",
+        "max_running_requests": "(GLM5_MAX_RUNNING_REQUESTS)",
+    }
+    print("| flag | value | why |\n|---|---|---|")
+    for flag in cfg["flag"]:
+        print(f"| `{flag['name']}` | `{str(flag.get('value', '')).format(**values)}` | {flag['reason']} |")
+    print("\n| environment | value | why |\n|---|---|---|")
+    for env in cfg["env"]:
+        print(f"| `{env['name']}` | `{env.get('value', '(image)')}` | {env['reason']} |")
+    print()
+    print(settings.reference(cfg), end="")
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="entrypoint/launch", description=__doc__.split("\n\n")[0])
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--dry-run", action="store_true", help="print the server command and exit")
+    mode.add_argument("--prepare", action="store_true", help="validate, download (opt-in), preflight")
+    mode.add_argument("--serve", action="store_true", help="run the server (run by supervisord)")
+    mode.add_argument("--reference", action="store_true", help="print the configuration reference")
+    mode.add_argument(
+        "--supervisor-env", action="store_true", help="print the settings supervisord.conf reads"
+    )
+    mode.add_argument("--state-path", choices=state.FILES, help="print the path of a state file")
+    parser.add_argument("--json", action="store_true", help="with --dry-run: the argv as a JSON array")
+    args = parser.parse_args()
+    if args.json and not args.dry_run:
+        parser.error("--json goes with --dry-run")
+    if args.reference:
+        return reference()
+    effective = resolve_or_exit()
+    if args.dry_run:
+        return dry_run(effective, args.json)
+    if args.prepare:
+        return prepare(effective)
+    if args.supervisor_env:
+        return supervisor_env(effective)
+    if args.state_path:
+        print(state.path(effective.values["state_dir"], args.state_path))
+        return 0
+    return serve(effective)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""One way for every tool of the kit to report: a Problem names the setting, what is wrong and the fix;
+a Log prints leveled lines on stderr (debug lines only with GLM5_DEBUG=1); EXIT_CODES is the one table
+of exit codes (the README's table is rendered from it by ci/render).
+
+Stdlib only and cheap to import: the healthcheck probe uses it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable
+
+# Exit codes. One meaning per number across the whole kit; each tool uses the subset listed for it.
+OK = 0
+FAILED = 1
+USAGE = 2
+INVALID_SETTING = 3
+NEVER_READY = 4
+FATAL = 70
+NO_SERVER_PROGRAM = 127
+
+EXIT_CODES: tuple[tuple[str, str, str], ...] = (
+    ("0", "success", "every tool"),
+    ("1", "what the tool checks failed: not ready (healthcheck), a check (ci/smoke), a run (ci/bench), "
+     "a patch that does not apply or verify (patches/*), a stale file (ci/render --check)", "every tool"),
+    ("2", "bad command line (unknown option, wrong argument) or sweep file", "every tool"),
+    ("3", "a GLM5_* setting is invalid, unknown or removed; nothing was started", "entrypoint, launch, healthcheck, ci/smoke, ci/bench"),
+    ("4", "the server never became ready (failed start or timeout)", "ci/smoke"),
+    ("10-42", "preflight found a problem with the box, the weights, FlashInfer or the flags (first problem's code)", "entrypoint, launch --prepare"),
+    ("70", "the server kept failing to start (supervisord FATAL)", "entrypoint"),
+    ("127", "the server program is not installed", "launch --serve"),
+)  # fmt: skip
+
+
+class Problem(Exception):
+    """Something wrong with a setting or with the box: where, what, how to fix it, and its exit code."""
+
+    def __init__(self, setting: str, message: str, fix: str = "", code: int = INVALID_SETTING) -> None:
+        super().__init__(message)
+        self.setting, self.message, self.fix, self.code = setting, message, fix, code
+
+    def __str__(self) -> str:
+        text = f"{self.setting}: {self.message}"
+        return f"{text}; fix: {self.fix}" if self.fix else text
+
+    def __repr__(self) -> str:
+        return f"Problem({self.code}, {self!s})"
+
+
+class Problems(Exception):
+    """Several problems, collected before anything expensive starts."""
+
+    def __init__(self, problems: Iterable[Problem]) -> None:
+        self.problems = list(problems)
+        super().__init__("\n".join(str(p) for p in self.problems))
+
+    @property
+    def code(self) -> int:
+        return self.problems[0].code if self.problems else OK
+
+
+class Log:
+    """Leveled lines on stderr, prefixed with the tool's name: `glm5-serve: warning: ...`."""
+
+    def __init__(self, prog: str, debug: bool | None = None) -> None:
+        self.prog = prog
+        if debug is None:
+            from entrypoint.settings import lean_bool  # stdlib only: no glm5.toml read
+
+            debug = lean_bool(os.environ, "GLM5_DEBUG")
+        self.debug_on = debug
+
+    def _write(self, level: str, message: str) -> None:
+        prefix = f"{self.prog}: " + (f"{level}: " if level else "")
+        print(prefix + message, file=sys.stderr, flush=True)
+
+    def debug(self, message: str) -> None:
+        if self.debug_on:
+            self._write("debug", message)
+
+    def info(self, message: str) -> None:
+        self._write("", message)
+
+    def warning(self, message: str) -> None:
+        self._write("warning", message)
+
+    def error(self, message: str) -> None:
+        self._write("error", message)
+
+    def problems(
+        self, problems: Iterable[Problem], what: str = "invalid setting(s); nothing was started"
+    ) -> int:
+        """Print each problem as an error line, then a count; return the first one's exit code."""
+        found = list(problems)
+        for problem in found:
+            self.error(f"[{problem.code}] {problem}")
+        if found:
+            self.error(f"{len(found)} {what}")
+        return found[0].code if found else OK

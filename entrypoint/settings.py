@@ -1,0 +1,243 @@
+"""Every GLM5_* variable, declared once in entrypoint/glm5.toml ([setting.*]), read and validated here.
+
+`resolve(environ)` starts from [deployment], applies each declared setting's default and then the
+environment, and returns the values; every problem (a malformed value, a bad default in glm5.toml, an
+unknown or removed GLM5_* variable, VAR and VAR_FILE both set) is collected and raised together as
+report.Problems, each naming the variable and the fix. Secrets come from VAR or VAR_FILE.
+
+Import cost matters (the healthcheck probe imports this module): glm5.toml is read only by
+`load_config`, and the `lean_*` helpers read one variable without it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from entrypoint.report import INVALID_SETTING, Problem, Problems
+
+CONFIG_PATH = Path(__file__).resolve().parent / "glm5.toml"
+PREFIX = "GLM5_"
+NAME_FORM = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,127}")
+TRUE, FALSE = ("1", "true", "yes"), ("0", "false", "no")
+KINDS = ("int", "float", "choice", "path", "name", "args", "bool", "checks", "text", "secret")
+WHERE = ("container", "host", "ci")
+_LOADED: dict[Path, dict[str, Any]] = {}
+
+
+class Setting:
+    """One declaration from glm5.toml's [setting.NAME] table."""
+
+    def __init__(self, name: str, spec: Mapping[str, Any], deployment: Mapping[str, Any]) -> None:
+        self.name = name
+        self.kind: str = spec["kind"]
+        self.key: str = spec.get("key", name.removeprefix(PREFIX).lower())
+        self.doc: str = spec["doc"]
+        self.flag: str | None = spec.get("flag")
+        self.where: str = spec.get("where", "container")
+        self.choices: list[str] = list(spec.get("choices", []))
+        self.low, self.high = spec.get("min"), spec.get("max")
+        self.sets: dict[str, dict[str, Any]] = dict(spec.get("sets", {}))
+        self.flags: dict[str, list[str]] = dict(spec.get("flags", {}))
+        self.code: int = spec.get("code", INVALID_SETTING)  # the exit code when it is invalid
+        if "default" in spec:
+            self.default: str | None = str(spec["default"]).format(**deployment)
+        elif self.key in deployment:
+            self.default = str(deployment[self.key])
+        else:
+            self.default = None  # secrets: unset means absent
+        if self.kind not in KINDS or self.where not in WHERE:
+            raise Problem(
+                f"glm5.toml [setting.{name}]",
+                f"kind {self.kind!r} / where {self.where!r} is not one of {KINDS} / {WHERE}",
+                "correct the declaration",
+            )
+
+    def parse(self, raw: str, source: str | None = None) -> Any:
+        """The value of `raw` for this setting; a Problem names the source (the variable by default)."""
+        try:
+            return self._parse(raw, source or self.name)
+        except Problem as problem:
+            problem.code = self.code
+            raise
+
+    def _parse(self, raw: str, where: str) -> Any:
+        raw = raw.strip()
+        bounds = f"{self.low}..{self.high}"
+        if self.kind in ("int", "float"):
+            if raw == "" and self.default == "":
+                return None
+            if self.kind == "int" and not re.fullmatch(r"[0-9]+", raw):
+                raise Problem(where, f"{raw!r} is not a whole number", f"use a whole number in {bounds}")
+            try:
+                value: Any = int(raw) if self.kind == "int" else float(raw)
+            except ValueError:
+                value = math.nan
+            if value != value:  # NaN: not a number at all
+                raise Problem(where, f"{raw!r} is not a number", f"use a number in {bounds}")
+            if not self.low <= value <= self.high:
+                raise Problem(where, f"{raw!r} is out of range", f"use a value in {bounds}")
+            return value
+        if self.kind == "choice":
+            if raw not in self.choices:
+                raise Problem(where, f"{raw!r} is not a choice", f"use one of {', '.join(self.choices)}")
+            return raw
+        if self.kind == "path":
+            if not raw.startswith("/"):
+                raise Problem(
+                    where, f"{raw!r} is not an absolute path", "use an absolute path inside the container"
+                )
+            return raw.rstrip("/") or "/"
+        if self.kind == "name":
+            if not NAME_FORM.fullmatch(raw):
+                raise Problem(
+                    where, f"{raw!r} is not a name", "use letters, digits and . _ / - (at most 128)"
+                )
+            return raw
+        if self.kind == "args":
+            import shlex
+
+            try:
+                return shlex.split(raw)
+            except ValueError as err:
+                raise Problem(
+                    where, f"cannot split {raw!r} as shell words ({err})", "fix the quoting"
+                ) from err
+        if self.kind == "bool":
+            if raw.lower() not in TRUE + FALSE:
+                raise Problem(where, f"{raw!r} is not a yes/no value", "use 1 or 0")
+            return raw.lower() in TRUE
+        if self.kind == "checks":
+            names = {n.strip() for n in raw.split(",") if n.strip()}
+            if names == {"all"}:
+                return set(self.choices)
+            unknown = names - set(self.choices)
+            if unknown:
+                raise Problem(
+                    where,
+                    f"unknown check(s) {', '.join(sorted(unknown))}",
+                    f"use a comma list of {', '.join(self.choices)}, or all",
+                )
+            return names
+        return raw  # text, secret
+
+
+def load_config(path: Path = CONFIG_PATH) -> dict[str, Any]:
+    """glm5.toml, parsed once per process."""
+    if path not in _LOADED:
+        import tomllib  # costs a probe ~10 ms: only here
+
+        with path.open("rb") as fh:
+            _LOADED[path] = tomllib.load(fh)
+    return _LOADED[path]
+
+
+def declarations(config: Mapping[str, Any] | None = None) -> dict[str, Setting]:
+    config = config or load_config()
+    return {name: Setting(name, spec, config["deployment"]) for name, spec in config["setting"].items()}
+
+
+def read_secret(environ: Mapping[str, str], name: str) -> str | None:
+    """VAR or VAR_FILE (docker/k8s secrets), never both; an unreadable or empty file is a Problem."""
+    direct, file_var = environ.get(name, "").strip(), environ.get(f"{name}_FILE", "").strip()
+    if direct and file_var:
+        raise Problem(
+            name, f"{name} and {name}_FILE are both set", f"keep one (prefer {name}_FILE for secrets)"
+        )
+    if not file_var:
+        return direct or None
+    try:
+        value = Path(file_var).read_text().strip()
+    except OSError as err:
+        raise Problem(
+            f"{name}_FILE", f"cannot read {file_var} ({err.strerror})", "mount the secret there"
+        ) from err
+    if not value:
+        raise Problem(f"{name}_FILE", f"{file_var} is empty", "put the secret in it")
+    return value
+
+
+def resolve(
+    environ: Mapping[str, str], config: Mapping[str, Any] | None = None, where: str = "container"
+) -> dict[str, Any]:
+    """The configuration values under `environ`, as read in the container (`where="container"`) or by the
+    host-side tools (`where="ci"`, which also read the host settings); raises Problems."""
+    config = config or load_config()
+    values: dict[str, Any] = dict(config["deployment"])
+    problems: list[Problem] = []
+    decls = declarations(config)
+    for setting in decls.values():
+        try:
+            if setting.kind == "secret":
+                values[setting.key] = read_secret(environ, setting.name)
+                continue
+            if setting.default is None:
+                raise Problem(
+                    f"glm5.toml [setting.{setting.name}]", "has no default", f"add [deployment].{setting.key}"
+                )
+            values[setting.key] = setting.parse(
+                setting.default, f"glm5.toml [setting.{setting.name}] default"
+            )
+            raw = environ.get(setting.name, "")
+            # Inside the container only its own settings apply; the host-side tools read them all.
+            if raw.strip() and (setting.where == "container" or where != "container"):
+                values[setting.key] = setting.parse(raw)
+        except Problem as problem:
+            problems.append(problem)
+    problems += unknown_or_removed(environ, decls, config.get("removed_setting", {}))
+    if problems:
+        raise Problems(problems)
+    for setting in decls.values():
+        values.update(setting.sets.get(str(values[setting.key]), {}))
+    return values
+
+
+def unknown_or_removed(
+    environ: Mapping[str, str], decls: Mapping[str, Setting], removed: Mapping[str, str]
+) -> list[Problem]:
+    known = set(decls) | {f"{n}_FILE" for n, s in decls.items() if s.kind == "secret"}
+    problems = []
+    for name in sorted(n for n in environ if n.startswith(PREFIX) and n not in known):
+        if name in removed:
+            problems.append(Problem(name, "was removed", removed[name]))
+        else:
+            import difflib
+
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
+            problems.append(
+                Problem(
+                    name,
+                    "is not a setting of glm5-serve",
+                    f"{hint}see the README's configuration table, or unset it",
+                )
+            )
+    return problems
+
+
+def elsewhere(environ: Mapping[str, str], where: str = "container") -> list[str]:
+    """Settings set here that are read elsewhere (GLM5_HOST_PORT inside the container, say): warnings."""
+    return [
+        f"{s.name} is read by {'docker compose on the host' if s.where == 'host' else 'the ci/ tools'}, "
+        f"not in the {where}: it has no effect here"
+        for s in declarations().values()
+        if s.where != where and environ.get(s.name, "").strip()
+    ]
+
+
+def lean_bool(environ: Mapping[str, str], name: str) -> bool:
+    """A yes/no variable without reading glm5.toml (for the probe and the log); malformed counts as no."""
+    return environ.get(name, "").strip().lower() in TRUE
+
+
+def reference(config: Mapping[str, Any] | None = None) -> str:
+    """The README's configuration table (markdown)."""
+    rows = ["| variable | default | where | meaning |", "|---|---|---|---|"]
+    for s in declarations(config).values():
+        name = f"`{s.name}` / `{s.name}_FILE`" if s.kind == "secret" else f"`{s.name}`"
+        default = "(unset)" if not s.default else f"`{s.default}`"
+        rows.append(f"| {name} | {default} | {s.where} | {s.doc} |")
+    return "\n".join(rows) + "\n"

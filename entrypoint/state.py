@@ -1,0 +1,97 @@
+"""The state contract between the kit's processes: the files in the state directory (GLM5_STATE_DIR) and
+the start marker line in the server log. Only this module names them.
+
+| file / line | written by | read by | what |
+|---|---|---|---|
+| `starts` | launch --serve | launch --serve | how many starts this container has made (the number in the marker) |
+| `launch.json` | launch --serve, at each start | healthcheck, ci tools, people | the effective configuration of the current start (argv with secrets redacted, env, expected graph counts, port, log dir, health timeout), its start number, pid and time |
+| `capture.json` | healthcheck | healthcheck | the capture facts of a start once capture is done (the log's tail window may lose them later); written only when it changes |
+| `fatal` | entrypoint/on-fatal | entrypoint.sh (exit 70) | why the server went FATAL; removed when the container starts |
+| `supervisord.pid`, `supervisor.sock` | supervisord | supervisorctl | supervisord's own (named in supervisord.conf) |
+| marker line in server.log | launch --serve | healthcheck (logscan) | `===== glm5-serve: server start #N at ISO-TIME pid P: ... =====`: everything after the last marker is the current start |
+
+A record belongs to the current start only when its `start` equals the marker's number: a launch.json
+or capture.json of an earlier start is never used for the current one. Stdlib only, cheap to import.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+LAUNCH = "launch.json"
+CAPTURE = "capture.json"
+STARTS = "starts"
+FATAL = "fatal"
+FILES = (STARTS, LAUNCH, CAPTURE, FATAL)
+MARKER_TEXT = "glm5-serve: server start #"
+MARKER = re.compile(rb"glm5-serve: server start #(\d+) at (\S+)")
+
+
+def marker_line(start: int, started_at: str, pid: int, decode_expected: int, prefill_expected: int) -> str:
+    return (
+        f"===== {MARKER_TEXT}{start} at {started_at} pid {pid}: decode graphs expected "
+        f"{decode_expected}, prefill {prefill_expected} ====="
+    )
+
+
+def path(state_dir: str | Path, name: str) -> Path:
+    if name not in FILES:
+        raise ValueError(f"{name!r} is not a state file: one of {', '.join(FILES)}")
+    return Path(state_dir) / name
+
+
+def next_start(state_dir: str | Path) -> int:
+    """Count one more start and return its number (1 for the first)."""
+    counter = path(state_dir, STARTS)
+    try:
+        start = int(counter.read_text().strip() or 0) + 1
+    except (OSError, ValueError):
+        start = 1
+    counter.write_text(str(start))
+    return start
+
+
+def read_json(file: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def write_launch(state_dir: str | Path, record: dict[str, Any]) -> None:
+    path(state_dir, LAUNCH).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def read_launch(state_dir: str | Path) -> dict[str, Any] | None:
+    return read_json(path(state_dir, LAUNCH))
+
+
+def current(record: dict[str, Any] | None, start: int | None) -> dict[str, Any] | None:
+    """The record if it belongs to start number `start`, else None."""
+    return record if record is not None and start is not None and record.get("start") == start else None
+
+
+def read_capture(state_dir: str | Path) -> dict[str, Any] | None:
+    return read_json(path(state_dir, CAPTURE))
+
+
+def write_capture(state_dir: str | Path, facts: dict[str, Any]) -> None:
+    """Write only on change: probes repeat every few seconds."""
+    file, text = path(state_dir, CAPTURE), json.dumps(facts)
+    try:
+        if not file.exists() or file.read_text() != text:
+            file.write_text(text)
+    except OSError:
+        pass  # a read-only or missing state dir costs the tail-window memory, not the probe
+
+
+def write_fatal(state_dir: str | Path, reason: str) -> None:
+    path(state_dir, FATAL).write_text(reason + "\n")
+
+
+def clear_fatal(state_dir: str | Path) -> None:
+    path(state_dir, FATAL).unlink(missing_ok=True)

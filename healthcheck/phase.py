@@ -1,0 +1,187 @@
+"""The healthcheck's decision, as pure steps: log facts (logscan.Scan) -> counts -> phase.
+
+No I/O here: the probe (healthcheck/probe.py) reads the log, the state files, /proc and /health and
+passes what it read in. Each step is a function of its arguments, testable alone.
+
+Phases: starting, loading, capturing, warming_up, ready, failed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from healthcheck.logscan import Scan
+
+DECODE_DONE = ("decode_end", "decode_end_legacy")
+CAPTURE_STARTED = (
+    "prefill_begin",
+    "prefill_begin_legacy",
+    "prefill_list_legacy",
+    "prefill_frame",
+    "decode_begin",
+    "decode_list_legacy",
+    "decode_frame",
+)
+
+
+def decode_done(scan: Scan) -> bool:
+    return any(e in scan.seen for e in DECODE_DONE)
+
+
+def log_says_ready(scan: Scan) -> bool:
+    """The server printed its ready line after a finished decode capture: /health decides the rest."""
+    return "ready" in scan.seen and decode_done(scan) and scan.failure is None
+
+
+def remembered(scan: Scan, launch: dict[str, Any] | None, cached: dict[str, Any] | None) -> Scan:
+    """The capture facts to judge: the log's, or, once the log's tail no longer holds the current start's
+    marker, the facts kept in capture.json for that same start."""
+    if scan.start is None and launch is not None and cached and cached.get("start") == launch.get("start"):
+        facts = dict(cached)
+        facts["seen"] = set(facts["seen"])
+        return Scan(**facts, bytes_read=scan.bytes_read)
+    return scan
+
+
+def worth_keeping(scan: Scan) -> dict[str, Any] | None:
+    """The facts to keep in capture.json: those of a start whose decode capture is done."""
+    if scan.start is None or not decode_done(scan):
+        return None
+    return {k: (sorted(v) if isinstance(v, set) else v) for k, v in vars(scan).items() if k != "bytes_read"}
+
+
+def expected_counts(
+    scan: Scan, launch: dict[str, Any] | None, configured: tuple[int | None, int | None] | None
+) -> tuple[int | None, int | None]:
+    """(decode, prefill) graph counts to expect: the current start's launch.json, else the lists the log
+    printed (older formats), else the configuration (`configured`, None when the probe has none)."""
+    decode = prefill = None
+    if launch is not None and launch.get("start") == scan.start:
+        decode, prefill = launch.get("decode_expected"), launch.get("prefill_expected")
+    elif scan.decode_list or scan.prefill_list:
+        decode = len(scan.decode_list) if scan.decode_list else None
+        prefill = len(scan.prefill_list) if scan.prefill_list else None
+    if configured is not None:
+        decode = decode if decode is not None else configured[0]
+        prefill = prefill if prefill is not None else configured[1]
+    return decode, prefill
+
+
+def captured_counts(scan: Scan) -> tuple[int | None, int | None]:
+    """(decode, prefill) graphs captured so far, from the end lines, lists or tqdm frames."""
+    if scan.decode_captured_list is not None:
+        decode: int | None = len(scan.decode_captured_list)
+    elif decode_done(scan):
+        decode = len(scan.decode_list) if scan.decode_list else (scan.decode_frame or (None, None))[1]
+    else:
+        decode = scan.decode_frame[0] if scan.decode_frame else (0 if "decode_begin" in scan.seen else None)
+    if "prefill_end" in scan.seen:
+        prefill = len(scan.prefill_list) if scan.prefill_list else (scan.prefill_frame or (None, None))[1]
+    else:
+        prefill = scan.prefill_frame[0] if scan.prefill_frame else None
+    return decode, prefill
+
+
+def decide(
+    scan: Scan,
+    expected: tuple[int | None, int | None],
+    alive: bool | None,
+    accept_partial: bool,
+    http: int | str | None,
+) -> dict[str, Any]:
+    """The phase. `alive`: the current start's server process lives (None: unknown). `http`: what /health
+    answered (None: not asked)."""
+    decode_captured, prefill_captured = captured_counts(scan)
+    out: dict[str, Any] = {
+        "phase": "starting",
+        "reason": None,
+        "decode_captured": decode_captured,
+        "decode_expected": expected[0],
+        "prefill_captured": prefill_captured,
+        "prefill_expected": expected[1],
+        "start": scan.start,
+        "started_at": scan.started_at,
+        "ready_line": "ready" in scan.seen,
+        "http": http,
+        "server_alive": alive,
+    }
+    if scan.failure:
+        return out | {"phase": "failed", "reason": explain_failure(scan)}
+    if alive is False:
+        return out | {
+            "phase": "failed",
+            "reason": f"the server process of start #{scan.start} exited (see the log above it)",
+        }
+    done = decode_done(scan)
+    if done and expected[0] is not None and decode_captured is not None and decode_captured < expected[0]:
+        if not accept_partial:
+            return out | {
+                "phase": "failed",
+                "reason": (
+                    f"decode CUDA graphs: captured {decode_captured} batch sizes, expected {expected[0]}; the performance "
+                    "configuration did not take effect (check --cuda-graph-max-bs-decode / GLM5_CUDA_GRAPH_MAX_BS_DECODE and "
+                    "max running requests in the log), or accept it with --accept-partial-capture / GLM5_ACCEPT_PARTIAL_CAPTURE=1"
+                ),
+            }
+    if log_says_ready(scan):
+        if http is None or http == 200:
+            return out | {"phase": "ready"}
+        return out | {"phase": "warming_up", "reason": f"/health answered {http}"}
+    if done or "ready" in scan.seen:
+        return out | {"phase": "warming_up"}
+    if scan.seen.intersection(CAPTURE_STARTED):
+        return out | {"phase": "capturing"}
+    if "load_begin" in scan.seen or "load_end" in scan.seen:
+        return out | {"phase": "loading"}
+    return out
+
+
+def explain_failure(scan: Scan) -> str:
+    reason = scan.failure or ""
+    if "decode_begin" in scan.seen and not decode_done(scan):
+        where = (
+            f"during decode graph capture ({scan.decode_frame[0]}/{scan.decode_frame[1]})"
+            if scan.decode_frame
+            else "during decode graph capture"
+        )
+    elif scan.seen.intersection(("prefill_begin", "prefill_frame", "prefill_begin_legacy")) and (
+        "prefill_end" not in scan.seen
+    ):
+        where = "during prefill graph capture"
+    elif "load_begin" in scan.seen and "load_end" not in scan.seen:
+        where = "while loading weights"
+    else:
+        where = "during start"
+    hint = (
+        "; lower GLM5_MEM_FRACTION_STATIC or GLM5_CUDA_GRAPH_MAX_BS_DECODE"
+        if "out of memory" in reason
+        else ""
+    )
+    return f"{reason} ({where}){hint}"
+
+
+def status_line(result: dict[str, Any], seconds_since_start: int | None) -> str:
+    """One line for people."""
+    phase = result["phase"]
+    since = (
+        f", {seconds_since_start // 60}m{seconds_since_start % 60:02d}s since start #{result['start']}"
+        if seconds_since_start is not None
+        else ""
+    )
+    if phase == "capturing":
+        if result["decode_captured"] is not None:
+            what = f"capturing decode graphs {result['decode_captured']}/{result['decode_expected'] or '?'}"
+        else:
+            what = f"capturing prefill graphs {result['prefill_captured'] or 0}/{result['prefill_expected'] or '?'}"
+    elif phase == "failed":
+        what = f"failed: {result['reason']}"
+    elif phase == "warming_up":
+        what = f"warming up (graphs done: decode {result['decode_captured']}/{result['decode_expected']})"
+        what += f", {result['reason']}" if result["reason"] else ""
+    elif phase == "ready":
+        what = f"ready (decode {result['decode_captured']}/{result['decode_expected']}, prefill {result['prefill_captured']}/{result['prefill_expected']})"
+    elif phase == "loading":
+        what = "loading weights"
+    else:
+        what = "starting (no progress in the log yet)"
+    return what + since

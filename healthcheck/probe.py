@@ -1,0 +1,178 @@
+"""Is the GLM-5 server ready? Healthy only once CUDA graph capture is complete with the expected
+counts and /health answers 200; otherwise says which phase the start is in.
+
+    healthcheck/healthcheck                   readiness (Docker HEALTHCHECK, k8s startup/readiness)
+    healthcheck/healthcheck --live            liveness: alive and not failed (never fails a slow start)
+    healthcheck/healthcheck --status          one line for people
+    healthcheck/healthcheck --json            the state as one JSON object
+    healthcheck/healthcheck --log FILE --no-http --json    judge a saved log alone
+
+Phases: starting, loading, capturing, warming_up, ready, failed. Exit 0 when ready (with --live:
+when alive and not failed), 1 otherwise, 2 bad usage, 3 an invalid GLM5_* setting.
+
+This module is the I/O edge (log tail, state files, /proc, /health); the decision is healthcheck/phase.py.
+It runs on every probe, so it imports little: no glm5.toml while the current start's launch.json exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from entrypoint import state
+from entrypoint.report import INVALID_SETTING, Log, Problems
+from healthcheck import logscan, phase
+
+
+def settings_of_this_run(environ: dict[str, str] | os._Environ[str]) -> dict[str, Any]:
+    """state_dir, log_dir, port, health timeout and accept_partial_capture: from the current start's
+    launch.json (validated by launch at start), else from glm5.toml and the environment."""
+    state_dir = environ.get("GLM5_STATE_DIR", "").strip()
+    launch = state.read_launch(state_dir) if state_dir.startswith("/") else None
+    if launch is not None and all(k in launch for k in ("log_dir", "port", "health_timeout_seconds")):
+        return {"state_dir": state_dir} | {
+            k: launch[k] for k in ("log_dir", "port", "health_timeout_seconds", "accept_partial_capture")
+        }
+    from entrypoint import settings  # reads glm5.toml: only before the first start, or offline
+
+    values = settings.resolve(environ)
+    return {
+        k: values[k]
+        for k in ("state_dir", "log_dir", "port", "health_timeout_seconds", "accept_partial_capture")
+    }
+
+
+def configured_counts(environ: dict[str, str] | os._Environ[str]) -> tuple[int | None, int | None]:
+    """Expected counts from the configuration and this environment (when there is no launch.json)."""
+    from entrypoint import config
+
+    try:
+        effective = config.resolve(environ)
+    except Problems:
+        return None, None
+    return len(effective.decode_sizes), len(effective.prefill_sizes)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def http_health(url: str, timeout: float) -> int | str:
+    import urllib.error  # only here: importing urllib costs more than the rest of a probe
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=timeout) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as err:
+        return err.code
+    except (OSError, ValueError) as err:
+        return f"no answer ({getattr(err, 'reason', err)})"
+
+
+def seconds_since(started_at: str | None, now: datetime.datetime) -> int | None:
+    if not started_at:
+        return None
+    try:
+        return int((now - datetime.datetime.fromisoformat(started_at)).total_seconds())
+    except ValueError:
+        return None
+
+
+def parse_args(argv: list[str] | None, run: dict[str, Any]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="healthcheck", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--log", type=Path, help=f"server log (default {run['log_dir']}/server.log)")
+    parser.add_argument(
+        "--state",
+        type=Path,
+        default=state.path(run["state_dir"], state.LAUNCH),
+        help="launch.json of the run",
+    )
+    parser.add_argument("--url", default=f"http://127.0.0.1:{run['port']}", help="server base URL")
+    parser.add_argument(
+        "--timeout", type=float, default=float(run["health_timeout_seconds"]), help="HTTP timeout (>= 3 s)"
+    )
+    parser.add_argument("--no-http", action="store_true", help="judge from the log only")
+    parser.add_argument("--live", action="store_true", help="liveness: alive and not failed")
+    parser.add_argument("--json", action="store_true", help="print the state as JSON")
+    parser.add_argument("--status", action="store_true", help="print one line for people")
+    parser.add_argument(
+        "--expect-decode", type=int, help="expected decode graph count (default: the configuration)"
+    )
+    parser.add_argument(
+        "--accept-partial-capture",
+        dest="accept_partial",
+        action="store_true",
+        default=bool(run["accept_partial_capture"]),
+        help="accept fewer decode graphs than expected",
+    )
+    parser.add_argument(
+        "--tail-bytes", type=int, default=logscan.TAIL_BYTES, help="how much of the log end to read"
+    )
+    args = parser.parse_args(argv)
+    if args.timeout < 3:
+        parser.error(
+            f"--timeout {args.timeout}: /health sleeps 1 s and then generates a token; use 3 s or more"
+        )
+    args.log_path = args.log or Path(run["log_dir"]) / "server.log"
+    return args
+
+
+def probe(args: argparse.Namespace) -> dict[str, Any]:
+    """Read what the decision needs, in order, and decide."""
+    try:
+        data = logscan.read_tail(args.log_path, args.tail_bytes)
+    except FileNotFoundError:
+        data = b""
+    scan = logscan.scan(data)
+    offline = args.log is not None
+    launch = None if offline else state.read_json(args.state)
+    if not offline:
+        state_dir = args.state.parent
+        keep = phase.worth_keeping(scan)
+        if keep is not None:
+            state.write_capture(state_dir, keep)
+        else:
+            scan = phase.remembered(scan, launch, state.read_capture(state_dir))
+    current = state.current(launch, scan.start)
+    need_config = current is None and not (scan.decode_list and scan.prefill_list)
+    expected = phase.expected_counts(scan, current, configured_counts(os.environ) if need_config else None)
+    if args.expect_decode is not None:
+        expected = (args.expect_decode, expected[1])
+    alive = pid_alive(int(current["pid"])) if current and current.get("pid") else None
+    http = None
+    if phase.log_says_ready(scan) and not args.no_http:
+        http = http_health(args.url, args.timeout)
+    result = phase.decide(scan, expected, alive, args.accept_partial, http)
+    result["log"] = str(args.log_path)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        run = settings_of_this_run(os.environ)
+    except Problems as err:
+        return Log("healthcheck").problems(err.problems, "invalid setting(s)") or INVALID_SETTING
+    args = parse_args(argv, run)
+    result = probe(args)
+    if args.json:
+        print(json.dumps(result))
+    if args.status or not args.json:
+        now = datetime.datetime.now(datetime.UTC)
+        print(phase.status_line(result, seconds_since(result["started_at"], now)))
+    if args.live:
+        return 0 if result["phase"] != "failed" else 1
+    return 0 if result["phase"] == "ready" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

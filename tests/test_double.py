@@ -1,0 +1,146 @@
+"""The server test double's copy of SGLang 0.5.23's capture-size rule matches real SGLang, and the
+double stands on its own: it does not import the kit, so a bug in the kit cannot hide behind it."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from conftest import ROOT
+
+DOUBLES = ROOT / "tests" / "doubles"
+DOUBLE = DOUBLES / "sglang_server_double.py"
+RULES = DOUBLES / "sglang_rules.py"
+ORACLE = ROOT / "tests" / "helpers" / "sglang_rules_oracle.py"
+STUBS = ROOT / "tests" / "stubs"
+
+DECODE_CASES = [
+    (512, False),
+    (256, False),
+    (1024, False),
+    (100, False),
+    (1, False),
+    (500, False),
+    (2000, False),
+    (48, True),
+    (1, True),
+    (100, True),
+    (300, True),
+    (512, True),
+]
+PREFILL_CASES = [8192, 4096, 2048, 100, 16384, 5000, 4, 3, 1]
+
+
+def load_rules() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("sglang_rules_under_test", RULES)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def rules() -> ModuleType:
+    return load_rules()
+
+
+@pytest.fixture(scope="module")
+def real() -> dict[str, Any]:
+    """The real SGLang functions' answers, computed in a subprocess (triton stubbed)."""
+    request = {"decode": DECODE_CASES, "prefill": PREFILL_CASES}
+    done = subprocess.run(
+        [sys.executable, str(ORACLE)],
+        input=json.dumps(request),
+        capture_output=True,
+        text=True,
+        env=os.environ | {"PYTHONPATH": str(STUBS)},
+        check=False,
+        timeout=300,
+    )
+    for line in done.stdout.splitlines():
+        if line.startswith("ORACLE-JSON "):
+            result: dict[str, Any] = json.loads(line.removeprefix("ORACLE-JSON "))
+            return result
+    raise AssertionError(done.stderr[-3000:])
+
+
+def test_oracle_is_sglang_0_5_23(real: dict[str, Any]) -> None:
+    assert real["version"] == "0.5.23"
+
+
+@pytest.mark.parametrize(("index", "case"), list(enumerate(DECODE_CASES)), ids=str)
+def test_decode_rule_matches_sglang(
+    rules: ModuleType, real: dict[str, Any], index: int, case: tuple[int, bool]
+) -> None:
+    max_bs, speculative = case
+    assert rules.decode_batch_sizes(max_bs, speculative=speculative) == real["decode"][index]
+
+
+@pytest.mark.parametrize(("index", "max_tokens"), list(enumerate(PREFILL_CASES)), ids=str)
+def test_prefill_rule_matches_sglang(
+    rules: ModuleType, real: dict[str, Any], index: int, max_tokens: int
+) -> None:
+    assert rules.prefill_token_sizes(max_tokens) == real["prefill"][index]
+
+
+def test_decode_default_is_not_speculative(rules: ModuleType, real: dict[str, Any]) -> None:
+    assert rules.decode_batch_sizes(512) == real["decode"][DECODE_CASES.index((512, False))]
+
+
+def imported_modules(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+KIT = {"entrypoint", "healthcheck", "ci", "batch_sizes", "config", "launch", "tests", "conftest", "helpers"}
+
+
+@pytest.mark.parametrize("path", [DOUBLE, RULES], ids=lambda p: p.name)
+def test_double_does_not_import_the_kit(path: Path) -> None:
+    source = path.read_text()
+    assert "sys.path" not in source
+    assert "importlib" not in source
+    roots = {name.split(".")[0] for name in imported_modules(path)}
+    assert not roots & KIT, roots & KIT
+
+
+def test_rules_module_is_stdlib_only() -> None:
+    roots = {name.split(".")[0] for name in imported_modules(RULES)}
+    assert roots <= set(sys.stdlib_module_names) | {"__future__"}, roots
+
+
+def test_double_uses_its_own_rules() -> None:
+    assert {"sglang_rules"} <= imported_modules(DOUBLE)
+
+
+def test_double_runs_outside_the_kit(tmp_path: Path) -> None:
+    """A copy of the double's folder, far from the kit and with no PYTHONPATH, still starts."""
+    for source in DOUBLES.glob("*.py"):
+        shutil.copy(source, tmp_path / source.name)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [sys.executable, "-s", str(tmp_path / DOUBLE.name), "--help"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        check=False,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "--cuda-graph-max-bs-decode" in done.stdout
