@@ -242,9 +242,11 @@ def describe(state: dict[str, Any] | None, health: int | str) -> str:
     return f"{text}; /health: {health}"
 
 
-def stale(state: dict[str, Any], since: datetime.datetime) -> bool:
+def stale(state: dict[str, Any], since: datetime.datetime | None) -> bool:
     """The healthcheck describes a start from before this boot (an earlier variant's, still in the log),
-    or no start at all yet while nothing has failed."""
+    or no start at all yet while nothing has failed. Without a boot (`since` None) any start counts."""
+    if since is None:
+        return False
     started = state.get("started_at")
     if started is None:
         return bool(state["phase"] != "failed")
@@ -255,11 +257,14 @@ def wait_until_ready(
     target: Target,
     timeout: float,
     poll: float,
-    since: datetime.datetime,
+    since: datetime.datetime | None,
     progress: Callable[[str], None],
+    through_restarts: bool = False,
 ) -> Readiness:
-    """Poll until the start that began at or after `since` is ready or failed, or `timeout` passes;
-    print each change of phase through `progress`."""
+    """Poll until the start that began at or after `since` (None: the server was not booted by us, any start
+    counts) is ready or failed, or `timeout` passes;
+    print each change of phase through `progress`. `through_restarts`: a failed start does not end the wait
+    while the target runs (supervisord starts the server again); only the target's exit does."""
     began, last = time.monotonic(), ""
     state: dict[str, Any] | None = None
     while True:
@@ -272,7 +277,7 @@ def wait_until_ready(
         if line != last:
             progress(f"[{elapsed:6.0f}s] {line}")
             last = line
-        if state is not None and state["phase"] == "failed":
+        if state is not None and state["phase"] == "failed" and not through_restarts:
             return Readiness(False, state, str(state.get("reason")), elapsed)
         if health == 200 and (state is None or state["phase"] == "ready"):
             return Readiness(True, state, "", elapsed)

@@ -250,6 +250,10 @@ def main() -> int:
     parser.add_argument(
         "--model", default=None, help="served model name expected in /v1/models (default: glm5.toml's)"
     )
+    parser.add_argument(
+        "--api-key",
+        help="bearer key (default: GLM5_API_KEY or GLM5_API_KEY_FILE; prefer those: argv is visible in ps)",
+    )
     parser.add_argument("--request-timeout", type=float, default=300, help="seconds per request")
     parser.add_argument("--poll", type=float, default=10, help="seconds between readiness polls")
     parser.add_argument("--report-dir", type=Path, default=ROOT / "out" / "smoke")
@@ -257,6 +261,8 @@ def main() -> int:
     a = parser.parse_args()
     try:
         conn = readiness.connection(os.environ, a.url)
+        if a.api_key:
+            conn = readiness.Connection(conn.url, a.api_key)
         model = a.model or settings.resolve({})["served_model_name"]
     except Problems as err:
         return Log(PROG).problems(err.problems) or INVALID_SETTING
@@ -265,7 +271,7 @@ def main() -> int:
     )
     smoke = Smoke(conn, model, a.request_timeout)
     a.report_dir.mkdir(parents=True, exist_ok=True)
-    since = readiness.now()
+    since = None if a.url else readiness.now()  # a running server's current start counts, whenever it began
     try:
         if a.url is None:
             print(f"{PROG}: docker compose up -d glm5", flush=True)

@@ -119,3 +119,19 @@ def flag_value(argv: list[str], flag: str) -> str | None:
         if arg == flag:
             return argv[i + 1]
     return None
+
+
+def reference(cfg: Mapping[str, Any]) -> str:
+    """The configuration reference (markdown): every flag and environment variable with its reason, then
+    every setting. `entrypoint/launch --reference` prints it; ci/render puts it in the README."""
+    shown = {"api_key": "(GLM5_API_KEY)", "max_running_requests": "(GLM5_MAX_RUNNING_REQUESTS)"}
+    values = resolve({}, cfg).values | shown
+    lines = ["| flag | value | why |", "|---|---|---|"]
+    for flag in cfg["flag"]:
+        lines.append(
+            f"| `{flag['name']}` | `{str(flag.get('value', '')).format(**values)}` | {flag['reason']} |"
+        )
+    lines += ["", "| environment | value | why |", "|---|---|---|"]
+    for env in cfg["env"]:
+        lines.append(f"| `{env['name']}` | `{env.get('value', '(image)')}` | {env['reason']} |")
+    return "\n".join(lines) + "\n\n" + settings.reference(cfg)

@@ -155,19 +155,7 @@ def supervisor_env(effective: config.Effective) -> int:
 
 
 def reference() -> int:
-    cfg = settings.load_config()
-    values = config.resolve({}).values | {
-        "api_key": "(GLM5_API_KEY)",
-        "max_running_requests": "(GLM5_MAX_RUNNING_REQUESTS)",
-    }
-    print("| flag | value | why |\n|---|---|---|")
-    for flag in cfg["flag"]:
-        print(f"| `{flag['name']}` | `{str(flag.get('value', '')).format(**values)}` | {flag['reason']} |")
-    print("\n| environment | value | why |\n|---|---|---|")
-    for env in cfg["env"]:
-        print(f"| `{env['name']}` | `{env.get('value', '(image)')}` | {env['reason']} |")
-    print()
-    print(settings.reference(cfg), end="")
+    print(config.reference(settings.load_config()), end="")
     return 0
 
 

@@ -6,7 +6,6 @@ import json
 import os
 import resource
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -17,6 +16,8 @@ from typing import Any
 import pytest
 
 from conftest import ROOT
+from entrypoint import state
+from healthcheck import logscan, phase
 
 HEALTHCHECK = ROOT / "healthcheck" / "healthcheck"
 LOGS = ROOT / "tests" / "fixtures" / "logs"
@@ -86,9 +87,9 @@ def test_phases_as_the_log_grows(tmp_path: Path) -> None:
         (full.index("Capturing prefill shape", second) + 300, "capturing"),
         (len(full), "capturing"),
     ]
-    for end, phase in checkpoints:
-        _, state = probe("--log", str(write_partial(tmp_path, full[:end])), "--no-http")
-        assert state["phase"] == phase, (end, state)
+    for end, want in checkpoints:
+        _, found = probe("--log", str(write_partial(tmp_path, full[:end])), "--no-http")
+        assert found["phase"] == want, (end, found)
     _, mid = probe("--log", str(write_partial(tmp_path, full[: checkpoints[2][0]])), "--no-http")
     assert mid["decode_captured"] is None and mid["prefill_captured"] is not None
 
@@ -248,8 +249,6 @@ def test_one_probe_on_a_1gb_log_is_cheap(tmp_path: Path) -> None:
 
 
 def test_scan_cost_is_bounded_by_the_tail(tmp_path: Path) -> None:
-    from healthcheck import logscan
-
     log = tmp_path / "big.log"
     with log.open("wb") as fh:
         fh.seek(2**30)
@@ -261,3 +260,54 @@ def test_scan_cost_is_bounded_by_the_tail(tmp_path: Path) -> None:
     print(f"\nlogscan.read_tail + scan of the 4 MiB tail of a 1 GiB log: {per_probe * 1000:.1f} ms CPU")
     assert result.bytes_read == logscan.TAIL_BYTES
     assert per_probe < 0.05
+
+
+# The decision as pure steps (healthcheck/phase.py): each testable without files, processes or HTTP.
+
+
+def scan_of(name: str) -> logscan.Scan:
+    return logscan.scan((LOGS / name).read_bytes())
+
+
+def test_launch_json_counts_only_for_its_own_start() -> None:
+    scan = scan_of("glm5-serve-restart-after-failure.log")
+    assert scan.start is not None
+    own = {"start": scan.start, "decode_expected": 40, "prefill_expected": 30}
+    other = own | {"start": scan.start - 1}
+    assert phase.expected_counts(scan, own, None) == (40, 30)
+    assert phase.expected_counts(scan, other, (52, 58)) == (52, 58)  # an earlier start's record is ignored
+    assert state.current(other, scan.start) is None  # so the probe neither trusts its pid nor its counts
+
+
+def test_ready_needs_the_log_and_then_health() -> None:
+    scan = scan_of("sglang-legacy-decode-ready.log")
+    assert phase.log_says_ready(scan)
+    assert phase.decide(scan, (52, 58), None, False, None)["phase"] == "ready"  # --no-http
+    assert phase.decide(scan, (52, 58), None, False, 200)["phase"] == "ready"
+    waiting = phase.decide(scan, (52, 58), None, False, 503)
+    assert waiting["phase"] == "warming_up" and waiting["reason"] == "/health answered 503"
+    assert phase.decide(scan, (52, 58), False, False, 200)["phase"] == "failed"  # its process is gone
+
+
+def test_a_short_capture_fails_unless_accepted() -> None:
+    scan = scan_of("sglang-legacy-decode-ready.log")
+    assert phase.decide(scan, (60, 58), None, False, 200)["phase"] == "failed"
+    assert phase.decide(scan, (60, 58), None, True, 200)["phase"] == "ready"
+
+
+def test_capture_facts_are_kept_only_for_a_finished_capture_of_a_known_start() -> None:
+    done = scan_of("glm5-serve-restart-after-failure.log")
+    assert phase.worth_keeping(logscan.scan(b"Load weight begin\n")) is None
+    kept = phase.worth_keeping(done)
+    if kept is None:  # this fixture's current start may not have finished capture: take one that has
+        kept = phase.worth_keeping(
+            logscan.scan(
+                b"===== glm5-serve: server start #3 at 2026-11-30T00:00:00 x\n"
+                + (LOGS / "sglang-legacy-decode-ready.log").read_bytes()
+            )
+        )
+    assert kept is not None and kept["start"] is not None
+    empty = logscan.Scan()
+    back = phase.remembered(empty, {"start": kept["start"]}, kept)
+    assert back.start == kept["start"] and phase.decode_done(back)
+    assert phase.remembered(empty, {"start": kept["start"] + 1}, kept) is empty  # another start's facts

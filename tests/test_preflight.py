@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,8 @@ from typing import Any
 import pytest
 
 from conftest import ROOT
-from entrypoint import config, preflight, weights
+from entrypoint import config, preflight, settings, weights
+from entrypoint.report import Log, Problem, Problems
 
 SMI = ROOT / "tests" / "fixtures" / "nvidia-smi"
 SHARDS = [
@@ -218,11 +218,19 @@ def test_server_flags_go_through_sglangs_parser(monkeypatch: pytest.MonkeyPatch)
     )
 
 
-def test_skip_setting_is_validated_and_logged() -> None:
-    assert preflight.skipped_checks({"GLM5_SKIP_PREFLIGHT": "gpu,shm"})[0] == {"gpu", "shm"}
-    assert preflight.skipped_checks({"GLM5_SKIP_PREFLIGHT": "all"})[0] == set(preflight.CHECKS)
-    _, findings = preflight.skipped_checks({"GLM5_SKIP_PREFLIGHT": "gpus"})
-    assert findings[0].code == preflight.SKIP_SETTING and "unknown check(s) gpus" in findings[0].message
+def test_skip_setting_is_validated_and_logged(tmp_path: Path) -> None:
+    assert settings.resolve({"GLM5_SKIP_PREFLIGHT": "gpu,shm"})["skip_preflight"] == {"gpu", "shm"}
+    every = settings.resolve({"GLM5_SKIP_PREFLIGHT": "all"})["skip_preflight"]
+    assert every == {"gpu", "shm", "model", "flashinfer", "flags"}
+    with pytest.raises(Problems) as err:
+        settings.resolve({"GLM5_SKIP_PREFLIGHT": "gpus"})
+    problem = err.value.problems[0]
+    assert problem.code == preflight.SKIP_SETTING and "unknown check(s) gpus" in problem.message
+    lines: list[str] = []
+    log = Log("t")
+    log.warning = lines.append  # type: ignore[method-assign]
+    found = preflight.run(values_for(make_model(tmp_path / "m"), skip_preflight=every), {}, log, [])
+    assert found == [] and len(lines) == 5 and "check 'gpu' skipped by GLM5_SKIP_PREFLIGHT" in lines[2]
 
 
 def run_prepare(tmp_path: Path, smi_fixture: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -251,10 +259,10 @@ def test_prepare_collects_every_problem_and_exits_with_the_first_code(tmp_path: 
         GLM5_SKIP_PREFLIGHT="shm,flashinfer,flags",
     )
     assert done.returncode == preflight.GPU_COUNT
-    assert "WARNING: check 'shm' skipped by GLM5_SKIP_PREFLIGHT" in done.stderr
+    assert "warning: preflight: check 'shm' skipped by GLM5_SKIP_PREFLIGHT" in done.stderr
     assert "[13] GPUs: 4 GPU(s) visible" in done.stderr
     assert "[30] GLM5_MODEL_DIR" in done.stderr
-    assert "2 problem(s)" in done.stderr
+    assert "2 preflight problem(s)" in done.stderr
 
 
 def test_prepare_passes_on_a_good_box(tmp_path: Path) -> None:
@@ -274,19 +282,18 @@ def test_opt_in_download_fetches_into_the_model_dir(tmp_path: Path) -> None:
     token.write_text("hf_x\n")
     calls: list[dict[str, Any]] = []
     values = values_for(tmp_path / "m")
-    errors = weights.download(
-        values, {"HF_TOKEN_FILE": str(token)}, lambda _m: None, lambda **kw: calls.append(kw) or ""
-    )
-    assert errors == []
+    values = config.resolve({"GLM5_MODEL_DIR": str(tmp_path / "m"), "HF_TOKEN_FILE": str(token)}).values
+    weights.download(values, Log("t"), lambda **kw: calls.append(kw) or "")
     assert calls == [{"repo_id": "nvidia/GLM-5-NVFP4", "local_dir": str(tmp_path / "m"), "token": "hf_x"}]
-    assert weights.wanted({"GLM5_DOWNLOAD": "1"}) == (True, None)
-    assert weights.wanted({}) == (False, None)
-    assert "expected 1" in str(weights.wanted({"GLM5_DOWNLOAD": "maybe"})[1])
+    assert settings.resolve({"GLM5_DOWNLOAD": "1"})["download"] is True
+    assert settings.resolve({})["download"] is False
 
 
 def test_download_failure_is_reported(tmp_path: Path) -> None:
     def fail(**_kw: Any) -> str:
         raise OSError("no route to host")
 
-    errors = weights.download(values_for(tmp_path / "m"), {}, lambda _m: None, fail)
-    assert "downloading nvidia/GLM-5-NVFP4 failed: no route to host" in errors[0]
+    with pytest.raises(Problem) as err:
+        weights.download(values_for(tmp_path / "m"), Log("t"), fail)
+    assert "downloading nvidia/GLM-5-NVFP4 failed: no route to host" in str(err.value)
+    assert err.value.code == preflight.MODEL_DIR_MISSING and "HF_TOKEN" in err.value.fix

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -24,7 +23,6 @@ def smoke(
     env = os.environ | {"GLM5_LOG_DIR": str(c.tmp / "log"), "GLM5_STATE_DIR": str(c.tmp / "run")}
     done = subprocess.run(
         [
-            sys.executable,
             str(SMOKE),
             "--url",
             f"http://127.0.0.1:{c.port}",
@@ -106,7 +104,7 @@ def test_smoke_fails_when_never_ready(tmp_path: Path, containers: list[Container
     c = start(tmp_path, "never-ready")
     containers.append(c)
     done, _ = smoke(c, timeout="5")
-    assert done.returncode == 3
+    assert done.returncode == 4  # NEVER_READY
     assert "never became ready" in done.stderr and "--- last log lines ---" in done.stderr
     assert "Uvicorn running" in done.stderr  # the last log lines are shown
 
@@ -115,5 +113,5 @@ def test_smoke_reports_a_failed_start_with_its_reason(tmp_path: Path, containers
     c = start(tmp_path, "oom-capture", GLM5_START_RETRIES="0")
     containers.append(c)
     done, _ = smoke(c, timeout="30")
-    assert done.returncode == 3
+    assert done.returncode == 4  # NEVER_READY
     assert "out of memory" in done.stderr

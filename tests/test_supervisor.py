@@ -6,7 +6,6 @@ import configparser
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -38,7 +37,7 @@ def test_serves_and_stops_cleanly_on_sigterm(tmp_path: Path, containers: list[Co
 def test_crash_restarts_with_a_new_marker(tmp_path: Path, containers: list[Container]) -> None:
     c = start(tmp_path, "crash-once")
     containers.append(c)
-    c.wait_healthy()
+    c.wait_healthy(through_restarts=True)
     log = c.output()
     assert "RuntimeError: TllmGenFmhaRunner" in log
     assert log.index("server start #1") < log.index("RuntimeError") < log.index("server start #2")
@@ -138,3 +137,30 @@ def test_drain_bound_matches_the_configuration() -> None:
     assert program["stopwaitsecs"] == "%(ENV_GLM5_DRAIN_SECONDS)s"
     assert program["stopasgroup"] == "true" and program["killasgroup"] == "true"
     assert program["stdout_logfile_maxbytes"] == "%(ENV_GLM5_LOG_MAX_BYTES)s"
+
+
+def test_serve_takes_no_arguments(tmp_path: Path) -> None:
+    """Arguments after serve were dropped silently; now they are refused with where the flags belong."""
+    done = subprocess.run(
+        [str(ROOT / "entrypoint/entrypoint.sh"), "serve", "--max-running-requests", "64"],
+        capture_output=True,
+        text=True,
+        env=os.environ | {"GLM5_HOME": str(ROOT)},
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "serve takes no arguments (got: --max-running-requests 64); put sglang flags in GLM5_EXTRA_ARGS" in done.stderr
+
+
+def test_paths_with_spaces(tmp_path: Path, containers: list[Container]) -> None:
+    """Log and state folders with spaces: supervisord's commands, the log tail and the probe cope."""
+    home = tmp_path / "a folder with spaces"
+    home.mkdir()
+    c = start(home)
+    containers.append(c)
+    c.wait_healthy()
+    assert (home / "log" / "server.log").exists() and (home / "run" / "launch.json").exists()
+    deadline = time.monotonic() + 10  # tail -F polls once a second
+    while "The server is fired up" not in c.entrypoint_output.read_text() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert "The server is fired up" in c.entrypoint_output.read_text()  # logtail followed the spaced path

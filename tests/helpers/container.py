@@ -50,8 +50,10 @@ class Container:
     def health(self) -> int | str:
         return readiness.http_status(f"http://127.0.0.1:{self.port}")
 
-    def wait_healthy(self, timeout: float = 60) -> None:
-        waited = readiness.wait_until_ready(self.target, timeout, 0.2, readiness.now(), lambda _line: None)
+    def wait_healthy(self, timeout: float = 60, through_restarts: bool = False) -> None:
+        waited = readiness.wait_until_ready(
+            self.target, timeout, 0.2, readiness.now(), lambda _line: None, through_restarts
+        )
         assert waited.ready, f"not ready: {waited.reason}\n{self.output()}"
 
     def output(self) -> str:

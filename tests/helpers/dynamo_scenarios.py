@@ -14,11 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from patches import verify  # the caller puts the kit's root on PYTHONPATH after the tree under test
+
 ROOT = Path(__file__).resolve().parents[2]
 ENV = "FLASHINFER_CUDA_VERSION"
-
-
-from patches import verify  # the caller puts the kit's root on PYTHONPATH after the tree under test
 
 
 def spawn_counter() -> Callable[[], int]:

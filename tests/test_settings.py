@@ -1,0 +1,190 @@
+"""entrypoint/settings.py, state.py and report.py: every GLM5_* variable declared once, refused clearly when
+wrong; the state files and the start marker owned by one module; one exit-code table."""
+
+from __future__ import annotations
+
+import ast
+import copy
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import ROOT
+from entrypoint import config, report, settings, state
+from healthcheck import logscan
+
+KIT_PACKAGES = ("entrypoint", "healthcheck", "patches", "ci", "image")
+
+
+def cfg_with(change: Any) -> dict[str, Any]:
+    cfg = copy.deepcopy(settings.load_config())
+    change(cfg)
+    return cfg
+
+
+def problems_of(environ: dict[str, str], cfg: dict[str, Any] | None = None) -> list[str]:
+    with pytest.raises(report.Problems) as err:
+        config.resolve(environ, cfg)
+    return [str(p) for p in err.value.problems]
+
+
+def test_a_bad_default_in_the_source_is_refused_not_dropped() -> None:
+    cfg = cfg_with(lambda c: c["setting"]["GLM5_MEM_FRACTION_STATIC"].update(default="0.8O"))
+    found = problems_of({}, cfg)
+    assert found == [
+        "glm5.toml [setting.GLM5_MEM_FRACTION_STATIC] default: '0.8O' is not a number; fix: use a number in 0.5..0.93"
+    ]
+
+
+def test_a_flag_whose_value_is_unset_is_refused_unless_optional() -> None:
+    cfg = cfg_with(lambda c: c["setting"]["GLM5_MEM_FRACTION_STATIC"].update(default=""))
+    assert any("--mem-fraction-static" in p and "is unset" in p for p in problems_of({}, cfg))
+    argv = config.resolve({}).argv  # --max-running-requests is optional and unset by default
+    assert "--max-running-requests" not in argv and "--api-key" not in argv
+
+
+def test_a_removed_variable_names_its_replacement() -> None:
+    cfg = cfg_with(lambda c: c["removed_setting"].update(GLM5_OLD_KNOB="use GLM5_CUDA_GRAPH_MAX_BS_DECODE"))
+    assert problems_of({"GLM5_OLD_KNOB": "1"}, cfg) == [
+        "GLM5_OLD_KNOB: was removed; fix: use GLM5_CUDA_GRAPH_MAX_BS_DECODE"
+    ]
+
+
+def test_an_unknown_variable_is_refused_with_the_nearest_name() -> None:
+    assert problems_of({"GLM5_DRAIN_SECOND": "5"}) == [
+        "GLM5_DRAIN_SECOND: is not a setting of glm5-serve; fix: did you mean GLM5_DRAIN_SECONDS? "
+        "see the README's configuration table, or unset it"
+    ]
+
+
+def test_host_settings_warn_inside_the_container_and_apply_on_the_host() -> None:
+    env = {"GLM5_HOST_PORT": "8080"}
+    assert config.resolve(env).values["host_port"] == 30000  # ignored in the container ...
+    assert settings.elsewhere(env) == [
+        "GLM5_HOST_PORT is read by docker compose on the host, not in the container: it has no effect here"
+    ]  # ... and said so
+    assert settings.resolve(env, where="ci")["host_port"] == 8080
+
+
+@pytest.mark.parametrize("flag", sorted(config.owned_flags(settings.load_config())))
+def test_every_flag_the_configuration_owns_is_refused_in_extra_args(flag: str) -> None:
+    owner = config.owned_flags(settings.load_config())[flag]
+    found = problems_of({"GLM5_EXTRA_ARGS": f"{flag}=1"})
+    assert found == [f"GLM5_EXTRA_ARGS: {flag} is set by the configuration; fix: use {owner}"]
+
+
+def test_each_setting_owns_its_flag() -> None:
+    owned = config.owned_flags(settings.load_config())
+    assert owned["--port"] == "GLM5_PORT" and owned["--speculative-algorithm"] == "GLM5_SPECULATIVE"
+    assert owned["--tp-size"].startswith("nothing") and owned["--api-key"].startswith("GLM5_API_KEY")
+
+
+def test_secrets_come_from_the_variable_or_its_file(tmp_path: Path) -> None:
+    key = tmp_path / "dir with space" / "key"
+    key.parent.mkdir()
+    key.write_text("s3cret\n")
+    assert settings.resolve({"GLM5_API_KEY_FILE": str(key)})["api_key"] == "s3cret"
+    assert settings.resolve({"GLM5_API_KEY": "direct"})["api_key"] == "direct"
+    key.write_text("")
+    assert problems_of({"GLM5_API_KEY_FILE": str(key)}) == [
+        f"GLM5_API_KEY_FILE: {key} is empty; fix: put the secret in it"
+    ]
+
+
+def test_no_secret_reaches_the_state_or_the_printed_command(tmp_path: Path) -> None:
+    effective = config.resolve({"GLM5_API_KEY": "s3cret-value"})
+    assert "s3cret-value" in effective.argv
+    assert "s3cret-value" not in repr(effective.state()) and "s3cret-value" not in repr(
+        effective.redacted_argv()
+    )
+
+
+def kit_python_files() -> list[Path]:
+    return [p for pkg in KIT_PACKAGES for p in (ROOT / pkg).rglob("*.py")]
+
+
+def test_every_glm5_variable_the_kit_names_is_declared() -> None:
+    declared = set(settings.load_config()["setting"]) | {
+        f"{n}_FILE" for n, s in settings.load_config()["setting"].items() if s["kind"] == "secret"
+    }
+    named = set()
+    for path in [
+        *kit_python_files(),
+        ROOT / "entrypoint/entrypoint.sh",
+        ROOT / "entrypoint/supervisord.conf",
+    ]:
+        named |= set(re.findall(r"\bGLM5_[A-Z_]*[A-Z]\b", path.read_text()))
+    named -= {"GLM5_SERVE_PATCHES"}  # a file name (the patch record), not a variable
+    assert named - declared == set()
+
+
+def test_the_kit_imports_plainly() -> None:
+    """No sys.path edits or loader tricks in the kit's modules: every import is a plain one."""
+    for path in kit_python_files():
+        text = path.read_text()
+        assert "sys.path" not in text and "SourceFileLoader" not in text, path
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                pytest.fail(f"{path}: relative import")
+
+
+def test_the_start_marker_is_written_and_read_by_one_module() -> None:
+    line = state.marker_line(7, "2026-11-30T10:00:00+00:00", 42, 52, 58)
+    scan = logscan.scan(
+        b"old run\n===== glm5-serve: server start #6 at 2026-11-30T09:00:00+00:00 x\n" + line.encode() + b"\n"
+    )
+    assert (scan.start, scan.started_at) == (7, "2026-11-30T10:00:00+00:00")
+
+
+def test_state_files_are_named_once(tmp_path: Path) -> None:
+    assert state.next_start(tmp_path) == 1 and state.next_start(tmp_path) == 2
+    with pytest.raises(ValueError, match="not a state file"):
+        state.path(tmp_path, "launch.jsn")
+    state.write_launch(tmp_path, {"start": 2, "pid": 1})
+    assert state.current(state.read_launch(tmp_path), 2) == {"start": 2, "pid": 1}
+    assert (
+        state.current(state.read_launch(tmp_path), 3) is None
+    )  # an earlier start's record is not the current one
+    state.write_fatal(tmp_path, "why")
+    assert (tmp_path / "fatal").read_text() == "why\n"
+    state.clear_fatal(tmp_path)
+    assert not (tmp_path / "fatal").exists()
+
+
+def test_exit_codes_are_one_table_with_one_meaning_each() -> None:
+    codes = [row[0] for row in report.EXIT_CODES]
+    assert len(codes) == len(set(codes))
+    named = {report.OK, report.FAILED, report.USAGE, report.INVALID_SETTING, report.NEVER_READY, report.FATAL}
+    assert {str(c) for c in named} <= set(codes)
+    readme = (ROOT / "README.md").read_text()
+    for code, meaning, _tools in report.EXIT_CODES:
+        assert f"| {code} | {meaning} |" in readme
+
+
+def test_the_probe_refuses_a_malformed_setting_without_a_traceback(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [str(ROOT / "healthcheck/healthcheck"), "--status"],
+        env={
+            "PATH": __import__("os").environ["PATH"],
+            "GLM5_HEALTH_TIMEOUT": "abc",
+            "GLM5_STATE_DIR": str(tmp_path),
+        },
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == report.INVALID_SETTING
+    assert "GLM5_HEALTH_TIMEOUT: 'abc' is not a number" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_debug_lines_only_with_the_switch(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("GLM5_DEBUG", raising=False)
+    report.Log("t").debug("hidden")
+    monkeypatch.setenv("GLM5_DEBUG", "1")
+    report.Log("t").debug("shown")
+    assert capsys.readouterr().err == "t: debug: shown\n"
