@@ -18,6 +18,7 @@ import datetime
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tomllib
@@ -384,6 +385,11 @@ def main() -> int:
     p.add_argument(
         "--tokenizer", default=None, help="tokenizer folder for --url runs (default: the model folder)"
     )
+    p.add_argument(
+        "--bench-python",
+        default=None,
+        help="python with sglang installed, for --url runs (default: GLM5_BENCH_PYTHON)",
+    )
     p.add_argument("--concurrency", type=int)
     p.add_argument("--input-len", type=int)
     p.add_argument("--output-len", type=int)
@@ -401,7 +407,7 @@ def main() -> int:
     args.url_given = args.url is not None
     args.model = args.model or values["served_model_name"]
     args.tokenizer = args.tokenizer or values["model_dir"]
-    args.bench_python = values["bench_python"]  # GLM5_BENCH_PYTHON
+    args.bench_python = shlex.split(args.bench_python) if args.bench_python else values["bench_python"]
     args.baseline = BASELINE_TOK_S
     if not VARIANT_NAME.fullmatch(args.label.lower()):
         p.error(f"--label {args.label!r}: letters, digits, . _ - only")

@@ -72,8 +72,9 @@ class Smoke:
         return self.client.chat.completions.create(**body)
 
 
-def contains_answer(text: str | None) -> bool:
-    return bool(text) and "paris" in str(text).lower()
+def expect_paris(text: str | None, where: str) -> None:
+    if not text or "paris" not in text.lower():
+        raise CheckFailed(f"expected 'Paris' in {where}, got {(text or '')[:200]!r}")
 
 
 def check_models(s: Smoke) -> str:
@@ -87,8 +88,7 @@ def check_chat(s: Smoke) -> str:
     content = s.chat().choices[0].message.content
     if not content:
         raise CheckFailed("the chat completion has empty content")
-    if not contains_answer(content):
-        raise CheckFailed(f"expected 'Paris' in the answer, got {content[:200]!r}")
+    expect_paris(content, "the answer")
     return f"answered {content.strip()[:40]!r}"
 
 
@@ -106,8 +106,7 @@ def check_chat_stream(s: Smoke) -> str:
         finish = chunk.choices[0].finish_reason or finish
     if finish is None:
         raise CheckFailed(f"no chunk carried a finish_reason ({chunks} chunks)")
-    if not contains_answer(text):
-        raise CheckFailed(f"expected 'Paris' in the streamed answer, got {text[:200]!r}")
+    expect_paris(text, "the streamed answer")
     if first is not None:
         s.metrics["ttft_s"] = round(first - began, 3)
     return f"{chunks} chunks, finish_reason={finish}"
@@ -117,12 +116,9 @@ def check_completion(s: Smoke) -> str:
     done = s.client.completions.create(
         model=s.model, prompt="The capital of France is", max_tokens=8, temperature=0
     )
-    text = done.choices[0].text or ""
-    if not text.strip():
-        raise CheckFailed("the completion has empty text")
-    if not contains_answer(text):
-        raise CheckFailed(f"expected 'Paris' in the completion, got {text[:200]!r}")
-    return f"completed {text.strip()[:40]!r}"
+    text = (done.choices[0].text or "").strip() or None
+    expect_paris(text, "the completion (empty text fails here too)")
+    return f"completed {str(text)[:40]!r}"
 
 
 def check_tool_call(s: Smoke) -> str:
@@ -156,8 +152,7 @@ def check_reasoning(s: Smoke) -> str:
         raise CheckFailed("thinking text is inside content: the reasoning parser (glm45) did not separate it")
     if not reasoning:
         raise CheckFailed("no reasoning_content with thinking enabled; is --reasoning-parser glm45 set?")
-    if not contains_answer(content):
-        raise CheckFailed(f"expected 'Paris' in the answer after reasoning, got {content[:200]!r}")
+    expect_paris(content, "the answer after reasoning")
     return f"{len(reasoning)} characters of reasoning, then {content.strip()[:30]!r}"
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-import json
 import os
 import shutil
 import subprocess
@@ -17,12 +16,12 @@ from typing import Any
 import pytest
 
 from conftest import ROOT
+from helpers import oracles
 
 DOUBLES = ROOT / "tests" / "doubles"
 DOUBLE = DOUBLES / "sglang_server_double.py"
 RULES = DOUBLES / "sglang_rules.py"
 ORACLE = ROOT / "tests" / "helpers" / "sglang_rules_oracle.py"
-STUBS = ROOT / "tests" / "stubs"
 
 DECODE_CASES = [
     (512, False),
@@ -57,21 +56,7 @@ def rules() -> ModuleType:
 @pytest.fixture(scope="module")
 def real() -> dict[str, Any]:
     """The real SGLang functions' answers, computed in a subprocess (triton stubbed)."""
-    request = {"decode": DECODE_CASES, "prefill": PREFILL_CASES}
-    done = subprocess.run(
-        [sys.executable, str(ORACLE)],
-        input=json.dumps(request),
-        capture_output=True,
-        text=True,
-        env=os.environ | {"PYTHONPATH": str(STUBS)},
-        check=False,
-        timeout=300,
-    )
-    for line in done.stdout.splitlines():
-        if line.startswith("ORACLE-JSON "):
-            result: dict[str, Any] = json.loads(line.removeprefix("ORACLE-JSON "))
-            return result
-    raise AssertionError(done.stderr[-3000:])
+    return oracles.ask(ORACLE, {"decode": DECODE_CASES, "prefill": PREFILL_CASES})
 
 
 def test_oracle_is_sglang_0_5_23(real: dict[str, Any]) -> None:

@@ -153,3 +153,17 @@ def test_github_workflows_validate() -> None:
     assert "run: .ci/run" in ci
     gpu = (ROOT / ".github/workflows/gpu-smoke.yml").read_text()
     assert "self-hosted" in gpu and "ci/smoke" in gpu and "docker compose build glm5" in gpu
+
+
+def test_the_image_creates_the_folders_the_kit_writes() -> None:
+    """The non-root server writes its log, state and caches: the Dockerfile makes them and gives them to the user."""
+    values = settings.resolve({})
+    dockerfile = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+    made = re.search(r"mkdir -p ([^&]+)&&", dockerfile)
+    owned = re.search(r'chown -R "\$\{GLM5_UID\}:0" ([^&]+)&&', dockerfile)
+    assert made and owned, "no mkdir/chown of the kit's folders in the Dockerfile"
+    for key in ("log_dir", "state_dir", "cache_dir"):
+        assert values[key] in made.group(1).split() and values[key] in owned.group(1).split(), key
+    assert (
+        f"GLM5_STATE_DIR={values['state_dir']}" in dockerfile
+    )  # the probe finds launch.json without glm5.toml

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +12,9 @@ import pytest
 
 from conftest import ROOT
 from entrypoint import batch_sizes, config, settings
+from helpers import oracles
 
 LAUNCH = ROOT / "entrypoint" / "launch"
-STUBS = ROOT / "tests" / "stubs"
 
 
 def launch(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -25,21 +24,7 @@ def launch(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 def oracle(request: dict[str, Any]) -> dict[str, Any]:
     """Run the real sglang parser and batch-size rule in a subprocess (triton stubbed)."""
-    env = os.environ | {"PYTHONPATH": str(STUBS)}
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "tests/helpers/sglang_oracle.py")],
-        input=json.dumps(request),
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-        timeout=300,
-    )
-    for line in done.stdout.splitlines():
-        if line.startswith("ORACLE-JSON "):
-            result: dict[str, Any] = json.loads(line.removeprefix("ORACLE-JSON "))
-            return result
-    raise AssertionError(done.stderr[-3000:])
+    return oracles.ask(ROOT / "tests/helpers/sglang_oracle.py", request)
 
 
 def server_args(argv: list[str]) -> list[str]:
@@ -224,3 +209,18 @@ def test_reference_lists_every_flag_with_its_reason() -> None:
 def test_readme_configuration_reference_is_current() -> None:
     readme = (ROOT / "README.md").read_text()
     assert launch("--reference").stdout.strip() in readme, "README is stale: run ci/render"
+
+
+def test_the_server_does_not_inherit_the_kits_import_path(tmp_path: Path) -> None:
+    """The thin executables put the kit on PYTHONPATH; the server (sglang) must not import from it."""
+    program = tmp_path / "fake-server"
+    program.write_text('#!/bin/sh\necho "pythonpath=[$PYTHONPATH]"\n')
+    program.chmod(0o755)
+    env = {
+        "GLM5_STATE_DIR": str(tmp_path / "run"),
+        "GLM5_SERVER_PROGRAM": str(program),
+        "PYTHONPATH": "/opt/extra",
+    }
+    done = launch("--serve", **env)
+    assert done.returncode == 0, done.stderr
+    assert "pythonpath=[/opt/extra]" in done.stdout  # the operator's own entry stays, the kit's is gone

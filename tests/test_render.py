@@ -35,6 +35,15 @@ def set_source(root: Path, old: str, new: str) -> None:
     path.write_text(re.sub(rf"^{re.escape(old)}", new, text, count=1, flags=re.M))
 
 
+def rendered_with(tmp_path: Path, *changes: tuple[str, str]) -> tuple[Path, dict, dict]:  # type: ignore[type-arg]
+    """A kit copy with these source lines changed and rendered: (root, compose service, pod)."""
+    root = kit_copy(tmp_path)
+    for old, new in changes:
+        set_source(root, old, new)
+    assert run_render(root).returncode == 0
+    return root, compose(root), pod(root)
+
+
 def run_render(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(RENDER), "--root", str(root), *args], capture_output=True, text=True, check=False, timeout=120
@@ -100,11 +109,11 @@ def test_readme_prose_is_not_the_renderers(tmp_path: Path) -> None:
 
 
 def test_derived_values_are_computed(tmp_path: Path) -> None:
-    root = kit_copy(tmp_path)
-    set_source(root, "drain_seconds = 120", "drain_seconds = 300")
-    set_source(root, "startup_budget_seconds = 2400", "startup_budget_seconds = 3005")
-    assert run_render(root).returncode == 0
-    c, p = compose(root), pod(root)
+    root, c, p = rendered_with(
+        tmp_path,
+        ("drain_seconds = 120", "drain_seconds = 300"),
+        ("startup_budget_seconds = 2400", "startup_budget_seconds = 3005"),
+    )
     assert c["stop_grace_period"] == "330s"  # drain + the 30 s margin
     assert p["spec"]["terminationGracePeriodSeconds"] == 345  # preStop 15 + stop grace
     startup = p["spec"]["containers"][0]["startupProbe"]
@@ -118,11 +127,11 @@ def test_derived_values_are_computed(tmp_path: Path) -> None:
 
 
 def test_gpu_count_and_image_follow_the_source(tmp_path: Path) -> None:
-    root = kit_copy(tmp_path)
-    set_source(root, 'image = "glm5-serve:0.1.0"', 'image = "registry.example/glm5-serve:0.2.0"')
-    set_source(root, "gpu_count = 8", "gpu_count = 4")
-    assert run_render(root).returncode == 0
-    c, p = compose(root), pod(root)
+    _, c, p = rendered_with(
+        tmp_path,
+        ('image = "glm5-serve:0.1.0"', 'image = "registry.example/glm5-serve:0.2.0"'),
+        ("gpu_count = 8", "gpu_count = 4"),
+    )
     assert c["image"] == p["spec"]["containers"][0]["image"] == "registry.example/glm5-serve:0.2.0"
     assert c["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == ["0", "1", "2", "3"]
     assert p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 4
@@ -168,24 +177,11 @@ def test_rendered_compose_and_pod_still_validate(tmp_path: Path) -> None:
     set_source(root, "port = 30000", "port = 8080")
     assert run_render(root).returncode == 0
     bin_dir = Path(shutil.which("kubernetes-validate") or "kubernetes-validate").parent
-    done = subprocess.run(
-        [
-            str(bin_dir / "kubernetes-validate"),
-            "--strict",
-            "-k",
-            "1.30",
-            *map(str, (root / "k8s").glob("*.yaml")),
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    done = subprocess.run(
-        [str(bin_dir / "docker-compose"), "-f", str(root / "docker-compose.yml"), "config", "-q"],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=root,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    for argv in (
+        ["kubernetes-validate", "--strict", "-k", "1.30", *map(str, (root / "k8s").glob("*.yaml"))],
+        ["docker-compose", "-f", str(root / "docker-compose.yml"), "config", "-q"],
+    ):
+        done = subprocess.run(
+            [str(bin_dir / argv[0]), *argv[1:]], capture_output=True, text=True, check=False, cwd=root
+        )
+        assert done.returncode == 0, done.stdout + done.stderr

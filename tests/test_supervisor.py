@@ -149,7 +149,10 @@ def test_serve_takes_no_arguments(tmp_path: Path) -> None:
         check=False,
     )
     assert done.returncode == 2
-    assert "serve takes no arguments (got: --max-running-requests 64); put sglang flags in GLM5_EXTRA_ARGS" in done.stderr
+    assert (
+        "serve takes no arguments (got: --max-running-requests 64); put sglang flags in GLM5_EXTRA_ARGS"
+        in done.stderr
+    )
 
 
 def test_paths_with_spaces(tmp_path: Path, containers: list[Container]) -> None:
