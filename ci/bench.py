@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from ci import readiness
+from common.report import INVALID_SETTING, USAGE, Log, Problems
 from entrypoint import settings
-from entrypoint.report import INVALID_SETTING, Log, Problems
 
 ROOT = readiness.ROOT
 BASELINE_TOK_S = 3028.0  # output tok/s, GLM-5-NVFP4 on 8x RTX PRO 6000 at 1024 concurrency
@@ -362,7 +362,7 @@ def single(args: argparse.Namespace) -> int:
         result, error = None, str(err)
     run = record_run(args, args.label, workload, target, result, error)
     if result is None:
-        print(f"ci/bench: FAILED: {error}", file=sys.stderr)
+        Log("ci/bench").error(f"FAILED: {error}")
         return 1
     print(f"ci/bench: {args.label}: {result['output_throughput']:,.1f} output tok/s ({run['vs_baseline']}x the {args.baseline:,.0f} baseline), "
           f"{result['request_throughput']:.2f} req/s, TTFT p50/p99 {result['median_ttft_ms']:.0f}/{result['p99_ttft_ms']:.0f} ms, "
@@ -415,8 +415,8 @@ def main() -> int:
     try:
         return sweep(args) if args.sweep else single(args)
     except BenchError as err:
-        print(f"ci/bench: error: {err}", file=sys.stderr)
-        return 2
+        Log("ci/bench").error(str(err))
+        return USAGE
 
 
 if __name__ == "__main__":

@@ -23,8 +23,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from common.report import EXIT_CODES, FAILED, OK, Log, Problems
 from entrypoint import config, settings
-from entrypoint.report import EXIT_CODES, FAILED, OK, Problems
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = "ci/templates"
@@ -39,6 +39,7 @@ OUTPUTS = {
 }
 ENV_EXAMPLE = "glm5.env.example"  # rendered from the settings' declarations, no template
 README = "README.md"
+LOG = Log("ci/render")
 PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*\}\}")
 
 
@@ -159,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         wanted = render(args.root)
     except (RenderError, Problems) as err:
-        print(f"ci/render: error: {err}", file=sys.stderr)
+        LOG.error(str(err))
         return FAILED
     stale = [
         rel
@@ -168,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if args.check:
         for rel in stale:
-            print(f"ci/render: stale: {rel} (run ci/render, then commit it)", file=sys.stderr)
+            LOG.error(f"stale: {rel} (run ci/render, then commit it)")
         return FAILED if stale else OK
     for rel in stale:
         (args.root / rel).write_text(wanted[rel])

@@ -28,8 +28,8 @@ from xml.sax.saxutils import escape
 import openai
 
 from ci import readiness
+from common.report import FAILED, INVALID_SETTING, NEVER_READY, OK, Log, Problems
 from entrypoint import settings
-from entrypoint.report import FAILED, INVALID_SETTING, NEVER_READY, OK, Log, Problems
 
 ROOT = Path(__file__).resolve().parent.parent
 PROG = "ci/smoke"

@@ -7,9 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from common.report import Problem, Problems
 from entrypoint import settings
 from entrypoint.batch_sizes import decode_batch_sizes, effective_decode_max_bs, prefill_token_sizes
-from entrypoint.report import Problem, Problems
 
 SERVER_PROGRAM = ("python3", "-m", "sglang.launch_server")
 REDACTED = "<redacted>"

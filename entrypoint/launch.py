@@ -25,8 +25,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from common.report import INVALID_SETTING, NO_SERVER_PROGRAM, Log, Problem, Problems
 from entrypoint import config, preflight, settings, state, weights
-from entrypoint.report import INVALID_SETTING, NO_SERVER_PROGRAM, Log, Problem, Problems
 
 LOG = Log("glm5-serve")
 KIT_ROOT = str(Path(__file__).resolve().parent.parent)

@@ -8,8 +8,8 @@ import os
 import signal
 import sys
 
+from common.report import Log
 from entrypoint import settings, state
-from entrypoint.report import Log
 
 WATCHED = {"sglang"}
 LOG = Log("glm5-serve")

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from entrypoint.report import Log, Problem
+from common.report import Log, Problem
 
 GPU_QUERY = "index,pci.bus_id,name,compute_cap,memory.total,driver_version"
 VERIFY = Path(__file__).resolve().parent.parent / "patches" / "verify"  # the thin executable

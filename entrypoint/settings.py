@@ -5,8 +5,7 @@ environment, and returns the values; every problem (a malformed value, a bad def
 unknown or removed GLM5_* variable, VAR and VAR_FILE both set) is collected and raised together as
 report.Problems, each naming the variable and the fix. Secrets come from VAR or VAR_FILE.
 
-Import cost matters (the healthcheck probe imports this module): glm5.toml is read only by
-`load_config`, and the `lean_*` helpers read one variable without it.
+Import cost matters (the healthcheck probe may import this module): glm5.toml is read only by `load_config`.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from entrypoint.report import INVALID_SETTING, Problem, Problems
+from common.report import INVALID_SETTING, Problem, Problems
 
 CONFIG_PATH = Path(__file__).resolve().parent / "glm5.toml"
 PREFIX = "GLM5_"
@@ -226,11 +225,6 @@ def elsewhere(environ: Mapping[str, str], where: str = "container") -> list[str]
         for s in declarations().values()
         if s.where != where and environ.get(s.name, "").strip()
     ]
-
-
-def lean_bool(environ: Mapping[str, str], name: str) -> bool:
-    """A yes/no variable without reading glm5.toml (for the probe and the log); malformed counts as no."""
-    return environ.get(name, "").strip().lower() in TRUE
 
 
 def reference(config: Mapping[str, Any] | None = None) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from entrypoint.report import Log, Problem
+from common.report import Log, Problem
 
 MODEL_DIR_MISSING = 30  # preflight's code: the start stops as if the folder were missing
 

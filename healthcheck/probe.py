@@ -24,8 +24,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from common.report import INVALID_SETTING, Log, Problems
 from entrypoint import state
-from entrypoint.report import INVALID_SETTING, Log, Problems
 from healthcheck import logscan, phase
 
 

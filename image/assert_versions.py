@@ -8,8 +8,15 @@ from __future__ import annotations
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
+from common.report import FAILED, OK, USAGE, Log, Problem
+
+LOG = Log("image/assert-versions")
+
 
 def main(pins: list[str]) -> int:
+    if not pins:
+        LOG.error("usage: image/assert-versions NAME==VERSION ...")
+        return USAGE
     wrong = []
     for pin in pins:
         name, _, want = pin.partition("==")
@@ -18,16 +25,15 @@ def main(pins: list[str]) -> int:
         except PackageNotFoundError:
             have = "not installed"
         if have.split("+")[0] != want:
-            wrong.append(f"{name}: the Dockerfile ARG says {want}, the image has {have}")
-    for line in wrong:
-        print(
-            f"image/assert-versions: {line}; make image/requirements.in and the ARGs agree, then image/relock",
-            file=sys.stderr,
-        )
-    if not pins:
-        print("usage: image/assert-versions NAME==VERSION ...", file=sys.stderr)
-        return 2
-    return 1 if wrong else 0
+            wrong.append(
+                Problem(
+                    name,
+                    f"the Dockerfile ARG says {want}, the image has {have}",
+                    "change the pin in entrypoint/glm5.toml [image], run ci/render and image/relock",
+                    FAILED,
+                )
+            )
+    return LOG.problems(wrong, "version(s) differ from the pins") if wrong else OK
 
 
 if __name__ == "__main__":

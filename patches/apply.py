@@ -21,13 +21,19 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.report import FAILED, OK, Log, Problem
+
 HERE = Path(__file__).resolve().parent
+LOG = Log("patches/apply")
 RECORD_NAME = "GLM5_SERVE_PATCHES.json"
 DIST_NAME = "flashinfer_python"
 
 
-class ApplyError(Exception):
-    """A failure with a message that names the file and the fix."""
+class ApplyError(Problem):
+    """A failure that names the file (or option) and the fix."""
+
+    def __init__(self, where: str, message: str, fix: str = "") -> None:
+        super().__init__(where, message, fix, FAILED)
 
 
 @dataclass(frozen=True)
@@ -43,7 +49,7 @@ class Patch:
 
 def read_series(series: Path) -> list[Patch]:
     if not series.is_file():
-        raise ApplyError(f"{series}: series file not found")
+        raise ApplyError(str(series), "series file not found", "restore patches/series")
     patches = []
     for line in series.read_text().splitlines():
         line = line.strip()
@@ -51,12 +57,20 @@ def read_series(series: Path) -> list[Patch]:
             continue
         path = series.parent / line
         if not path.is_file():
-            raise ApplyError(f"{series}: lists {line}, which is not in {series.parent}")
+            raise ApplyError(
+                str(series),
+                f"lists {line}, which is not in {series.parent}",
+                "add the patch or remove the line",
+            )
         text = path.read_text()
         pinned = re.search(r"^Pinned-Version:\s*(.+)$", text, re.M)
         files = tuple(re.findall(r"^\+\+\+ b/(\S+)", text, re.M))
         if pinned is None or not files:
-            raise ApplyError(f"{path}: needs a Pinned-Version header and a unified diff with b/ paths")
+            raise ApplyError(
+                str(path),
+                "has no Pinned-Version header or no unified diff with b/ paths",
+                "add them (see patches/README.md)",
+            )
         patches.append(Patch(path, pinned.group(1).strip(), files))
     return patches
 
@@ -65,8 +79,9 @@ def default_target() -> Path:
     spec = importlib.util.find_spec("flashinfer")
     if spec is None or spec.origin is None:
         raise ApplyError(
-            f"{sys.executable} cannot import flashinfer: install flashinfer-python, "
-            "or pass --target SITE_PACKAGES"
+            sys.executable,
+            "cannot import flashinfer",
+            "install flashinfer-python, or pass --target SITE_PACKAGES",
         )
     return Path(spec.origin).resolve().parent.parent
 
@@ -106,17 +121,21 @@ def apply_one(target: Path, patch: Patch, version: str, dry_run: bool) -> str:
     if check.returncode != 0:
         detail = (check.stdout + check.stderr).strip().replace("\n", "\n    ")
         raise ApplyError(
-            f"{patch.name} does not apply cleanly to {', '.join(patch.files)} in {target}: "
-            f"the patch is pinned to {patch.pinned}, found flashinfer-python {version}.\n"
-            f"    {detail}\n"
-            f"  Fix: pin flashinfer-python to the version in Pinned-Version, or refresh "
-            f"{patch.path} against the found version and re-run the tests."
+            patch.name,
+            f"does not apply cleanly to {', '.join(patch.files)} in {target}: the patch is pinned to {patch.pinned}, "
+            f"found flashinfer-python {version}.\n    {detail}\n",
+            f"pin flashinfer-python to the version in Pinned-Version, or refresh {patch.path} against the found "
+            "version and re-run the tests",
         )
     if dry_run:
         return "would apply" + offset_note(check.stdout)
     done = run_patch(target, patch, "--forward", "--batch")
     if done.returncode != 0:
-        raise ApplyError(f"{patch.name}: patch failed after a clean dry run:\n{done.stdout}{done.stderr}")
+        raise ApplyError(
+            patch.name,
+            f"patch failed after a clean dry run:\n{done.stdout}{done.stderr}",
+            "report it: the tree changed under the patch",
+        )
     return "applied" + offset_note(done.stdout)
 
 
@@ -151,13 +170,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if shutil.which("patch") is None:
-            raise ApplyError("GNU patch is not on PATH: install it (apt-get install patch)")
+            raise ApplyError("patch", "GNU patch is not on PATH", "install it (apt-get install patch)")
         patches = read_series(args.series)
         target = (args.target or default_target()).resolve()
         if not (target / "flashinfer" / "__init__.py").is_file():
             raise ApplyError(
-                f"--target {target}: no flashinfer/ package there; pass the site-packages "
-                "folder that holds flashinfer/"
+                f"--target {target}",
+                "no flashinfer/ package there",
+                "pass the site-packages folder that holds flashinfer/",
             )
         version = installed_version(target)
         print(f"patches/apply: target {target} (flashinfer-python {version})")
@@ -167,9 +187,8 @@ def main(argv: list[str] | None = None) -> int:
             record = write_record(target, patches, version)
             print(f"patches/apply: recorded {len(patches)} patch(es) in {record}")
     except ApplyError as err:
-        print(f"patches/apply: error: {err}", file=sys.stderr)
-        return 1
-    return 0
+        return LOG.problems([err], "patch problem; nothing more was applied")
+    return OK
 
 
 if __name__ == "__main__":

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from common.report import Log, Problem, Problems
 from conftest import ROOT
 from entrypoint import config, preflight, settings, weights
-from entrypoint.report import Log, Problem, Problems
 
 SMI = ROOT / "tests" / "fixtures" / "nvidia-smi"
 SHARDS = [

@@ -12,11 +12,12 @@ from typing import Any
 
 import pytest
 
+from common import report
 from conftest import ROOT
-from entrypoint import config, report, settings, state
+from entrypoint import config, settings, state
 from healthcheck import logscan
 
-KIT_PACKAGES = ("entrypoint", "healthcheck", "patches", "ci", "image")
+KIT_PACKAGES = ("common", "entrypoint", "healthcheck", "patches", "ci", "image")
 
 
 def cfg_with(change: Any) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""One way for every tool of the kit to report: a Problem names the setting, what is wrong and the fix;
+"""One way for every tool of the kit to report (the entrypoint, the healthcheck, the patches, the image checks and
+the ci tools): a Problem names the setting, what is wrong and the fix;
 a Log prints leveled lines on stderr (debug lines only with GLM5_DEBUG=1); EXIT_CODES is the one table
 of exit codes (the README's table is rendered from it by ci/render).
 
@@ -33,6 +34,12 @@ EXIT_CODES: tuple[tuple[str, str, str], ...] = (
 )  # fmt: skip
 
 
+def debug_enabled() -> bool:
+    """GLM5_DEBUG (declared in entrypoint/glm5.toml), read here because every tool logs through this module,
+    the image build's too, before entrypoint/ is in the image."""
+    return os.environ.get("GLM5_DEBUG", "").strip().lower() in ("1", "true", "yes")
+
+
 class Problem(Exception):
     """Something wrong with a setting or with the box: where, what, how to fix it, and its exit code."""
 
@@ -65,11 +72,7 @@ class Log:
 
     def __init__(self, prog: str, debug: bool | None = None) -> None:
         self.prog = prog
-        if debug is None:
-            from entrypoint.settings import lean_bool  # stdlib only: no glm5.toml read
-
-            debug = lean_bool(os.environ, "GLM5_DEBUG")
-        self.debug_on = debug
+        self.debug_on = debug_enabled() if debug is None else debug
 
     def _write(self, level: str, message: str) -> None:
         prefix = f"{self.prog}: " + (f"{level}: " if level else "")
