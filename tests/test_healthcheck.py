@@ -311,3 +311,21 @@ def test_capture_facts_are_kept_only_for_a_finished_capture_of_a_known_start() -
     back = phase.remembered(empty, {"start": kept["start"]}, kept)
     assert back.start == kept["start"] and phase.decode_done(back)
     assert phase.remembered(empty, {"start": kept["start"] + 1}, kept) is empty  # another start's facts
+
+
+def test_out_of_memory_without_a_traceback_still_fails_the_start() -> None:
+    """A constructed line (not quoted from a real log): an OOM message that no traceback precedes in the tail."""
+    data = (
+        b"===== glm5-serve: server start #1 at 2026-11-30T10:00:00+00:00 pid 1: x =====\n"
+        b"[2026-11-30 10:01:00 TP0] Load weight begin. avail mem=94.62 GB\n"
+        b"[2026-11-30 10:02:00 TP3] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+    )
+    scan = logscan.scan(data)
+    result = phase.decide(scan, (52, 58), None, False, None)
+    assert result["phase"] == "failed"
+    assert result["reason"].startswith(
+        "out of memory: OutOfMemoryError: CUDA out of memory. Tried to allocate"
+    )
+    assert (
+        "while loading weights" in result["reason"] and "lower GLM5_MEM_FRACTION_STATIC" in result["reason"]
+    )

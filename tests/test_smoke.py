@@ -83,6 +83,7 @@ def test_smoke_with_an_api_key(tmp_path: Path, containers: list[Container]) -> N
     ("mode", "check", "message"),
     [
         ("empty-text", "chat", "empty content"),
+        ("wrong-answer", "chat", "expected 'Paris' in the answer, got 'Lyon'"),
         ("wrong-model", "models", "not 'glm-5'"),
         ("no-tools", "tool_call", "no tool_calls"),
         ("no-reasoning", "reasoning", "reasoning parser (glm45) did not separate it"),

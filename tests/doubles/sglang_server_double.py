@@ -8,7 +8,7 @@ ready line), then serves the HTTP contract the kit relies on: /health 503 until 
 /v1/completions, /generate (streamed), /metrics. Answers come from a small fixed table.
 
 Behaviour is chosen with SGLANG_DOUBLE_MODE (comma list): ok, crash-loading, oom-capture,
-short-capture, never-ready, slow-drain, empty-text, wrong-model, no-tools, no-reasoning, crash-once.
+short-capture, never-ready, slow-drain, empty-text, wrong-answer, wrong-model, no-tools, no-reasoning, crash-once.
 SGLANG_DOUBLE_TICK scales the pauses (seconds per step, default 0.01). A child process stands in for
 the TP scheduler processes, so tests can check that stopping leaves no orphan.
 """
@@ -144,6 +144,8 @@ def first_start() -> bool:
 def answer(prompt: str) -> str:
     if "empty-text" in MODES:
         return ""
+    if "wrong-answer" in MODES:
+        return "Lyon"
     low = prompt.lower()
     return next((a for q, a in ANSWERS.items() if q in low), "I do not know.")
 
