@@ -19,9 +19,10 @@ ARG GLM5_UID=1000
 
 SHELL ["/bin/bash", "-euo", "pipefail", "-c"]
 
+# noninteractive: Ubuntu 24.04's python3.12 pulls tzdata, whose debconf prompt would hang the build.
 # hadolint ignore=DL3008
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 python3-venv python3-dev patch ca-certificates \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3 python3-venv python3-dev patch ca-certificates \
  && rm -rf /var/lib/apt/lists/*
 
 ENV VIRTUAL_ENV=/opt/venv \

@@ -32,6 +32,17 @@ class Effective:
                 out[i + 1] = REDACTED
         return out
 
+    def server_env(self, environ: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+        """glm5.toml's [[env]] values are defaults: the operator's environment wins. Returns the effective
+        value of each and where it came from ("glm5.toml" or "environment")."""
+        values, sources = {}, {}
+        for name, default in self.env.items():
+            mine = environ.get(name)
+            values[name], sources[name] = (
+                (mine, "environment") if mine is not None else (default, "glm5.toml")
+            )
+        return values, sources
+
     def state(self) -> dict[str, Any]:
         """What the healthcheck and people read: the effective configuration of this run."""
         return {

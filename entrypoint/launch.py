@@ -45,7 +45,16 @@ def resolve_or_exit() -> config.Effective:
 
 def dry_run(effective: config.Effective, as_json: bool) -> int:
     argv = effective.redacted_argv()
-    print(json.dumps(argv) if as_json else shlex.join(argv))
+    if as_json:
+        print(json.dumps(argv))
+        return 0
+    print(shlex.join(argv))
+    values, sources = effective.server_env(os.environ)
+    for name, value in values.items():
+        if sources[name] == "glm5.toml":
+            print(f"# {name}={value} (glm5.toml default)")
+        else:
+            print(f"# {name}={value} (from the environment; glm5.toml's default: {effective.env[name]})")
     return 0
 
 
@@ -76,7 +85,9 @@ def serve(effective: config.Effective) -> int:
     if replacement:
         argv = replacement + argv[len(config.SERVER_PROGRAM) :]
     started_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    record = effective.state() | {"start": start, "pid": os.getpid(), "started_at": started_at}
+    env, env_from = effective.server_env(os.environ)
+    record = effective.state() | {"env": env, "env_from": env_from}
+    record |= {"start": start, "pid": os.getpid(), "started_at": started_at}
     state.write_launch(state_dir, record)
     marker = state.marker_line(
         start, started_at, os.getpid(), record["decode_expected"], record["prefill_expected"]
@@ -87,14 +98,17 @@ def serve(effective: config.Effective) -> int:
     if shutil.which(argv[0]) is None:
         LOG.error(f"server program {argv[0]!r} not found on PATH")
         return NO_SERVER_PROGRAM
-    return supervise(argv, server_env(os.environ, effective.env))
+    return supervise(argv, server_env(os.environ, env))
 
 
-def server_env(environ: dict[str, str] | os._Environ[str], extra: dict[str, str]) -> dict[str, str]:
-    """The server's environment: ours plus the configuration's, less the kit's own import path (the thin
-    executables put the kit's folder on PYTHONPATH; the server must not import from it)."""
-    env = dict(environ) | extra
-    kept = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != KIT_ROOT]
+def server_env(environ: dict[str, str] | os._Environ[str], configured: dict[str, str]) -> dict[str, str]:
+    """The server's environment: ours with the configuration's effective values (the operator's already won in
+    them), less the kit's own import path (the thin executables put the kit's folder on PYTHONPATH; the
+    server must not import from it)."""
+    env = dict(environ) | configured
+    kept = [
+        p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() != Path(KIT_ROOT)
+    ]
     if kept:
         env["PYTHONPATH"] = os.pathsep.join(kept)
     else:

@@ -167,3 +167,42 @@ def test_the_image_creates_the_folders_the_kit_writes() -> None:
     assert (
         f"GLM5_STATE_DIR={values['state_dir']}" in dockerfile
     )  # the probe finds launch.json without glm5.toml
+
+
+def apt_installs_without_noninteractive(dockerfile: str) -> list[str]:
+    """Each `apt-get install` that could wait on a debconf prompt: neither its own command nor its stage sets
+    DEBIAN_FRONTEND=noninteractive (tzdata, pulled by Ubuntu 24.04's python3.12, asks for a time zone)."""
+    joined = re.sub(r"\\\n\s*", " ", dockerfile)
+    found, stage_sets = [], False
+    for line in joined.splitlines():
+        words = line.strip().split(None, 1)
+        if not words:
+            continue
+        keyword, rest = words[0].upper(), words[1] if len(words) > 1 else ""
+        if keyword == "FROM":
+            stage_sets = False
+        elif keyword in ("ARG", "ENV") and re.search(r"\bDEBIAN_FRONTEND=noninteractive\b", rest):
+            stage_sets = True
+        elif keyword == "RUN":
+            for command in re.split(r"&&|\|\||;|\|", rest):
+                if re.search(r"\bapt(-get)?\s+(\S+\s+)*install\b", command) and not stage_sets:
+                    if not re.match(r"\s*(\w+=\S*\s+)*DEBIAN_FRONTEND=noninteractive\s", command):
+                        found.append(command.strip())
+    return found
+
+
+def test_no_apt_install_can_wait_on_a_prompt() -> None:
+    assert apt_installs_without_noninteractive((ROOT / "Dockerfile").read_text()) == []
+
+
+@pytest.mark.parametrize(
+    "dockerfile",
+    [
+        "FROM x\nRUN apt-get update && apt-get install -y tzdata\n",
+        "FROM x\nRUN DEBIAN_FRONTEND=noninteractive apt-get update && apt-get install -y tzdata\n",
+        "FROM x\nARG DEBIAN_FRONTEND=noninteractive\nFROM y\nRUN apt-get install -y tzdata\n",
+        "FROM x\nRUN apt-get update \\\n && apt-get -q install -y tzdata\n",
+    ],
+)
+def test_the_prompt_rule_can_fail(dockerfile: str) -> None:
+    assert len(apt_installs_without_noninteractive(dockerfile)) == 1

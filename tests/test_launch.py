@@ -224,3 +224,30 @@ def test_the_server_does_not_inherit_the_kits_import_path(tmp_path: Path) -> Non
     done = launch("--serve", **env)
     assert done.returncode == 0, done.stderr
     assert "pythonpath=[/opt/extra]" in done.stdout  # the operator's own entry stays, the kit's is gone
+
+
+def test_the_operators_environment_wins_over_the_configurations_defaults(tmp_path: Path) -> None:
+    """glm5.toml's [[env]] values are defaults: a value the operator sets (glm5.env, the pod) reaches the server."""
+    program = tmp_path / "fake-server"
+    program.write_text('#!/bin/sh\necho "p2p=$NCCL_P2P_LEVEL channels=$NCCL_MIN_NCHANNELS"\n')
+    program.chmod(0o755)
+    env = {
+        "GLM5_STATE_DIR": str(tmp_path / "run"),
+        "GLM5_SERVER_PROGRAM": str(program),
+        "NCCL_P2P_LEVEL": "PHB",
+    }
+    done = launch("--serve", **env)
+    assert done.returncode == 0, done.stderr
+    assert "p2p=PHB channels=8" in done.stdout
+    state = json.loads((tmp_path / "run/launch.json").read_text())
+    assert state["env"]["NCCL_P2P_LEVEL"] == "PHB" and state["env_from"]["NCCL_P2P_LEVEL"] == "environment"
+    assert state["env_from"]["NCCL_MIN_NCHANNELS"] == "glm5.toml"
+
+
+def test_dry_run_shows_each_variable_and_where_it_came_from() -> None:
+    done = launch("--dry-run", NCCL_P2P_LEVEL="PHB")
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("python3 -m sglang.launch_server ")
+    assert "# NCCL_P2P_LEVEL=PHB (from the environment; glm5.toml's default: SYS)" in lines
+    assert "# NCCL_MIN_NCHANNELS=8 (glm5.toml default)" in lines
+    assert json.loads(launch("--dry-run", "--json").stdout)[0] == "python3"  # --json stays the argv alone
