@@ -24,17 +24,35 @@ load_settings() {
   fatal_file=$("$GLM5_HOME/entrypoint/launch" --state-path fatal)
 }
 
-# Run supervisord as a child so its exit can be judged; forward SIGTERM/SIGINT to it.
-run_supervisor() {
-  local child status
-  supervisord -c "$GLM5_HOME/entrypoint/supervisord.conf" &
+# Run a command as a child, so that a stop reaches it at any time (preflight, a download, supervisord):
+# SIGTERM/SIGINT are passed on, and its exit status is returned once it has exited.
+child=
+stopping=false
+run_child() {
+  local status
+  "$@" &
   child=$!
-  trap 'log "stopping (drain bound ${GLM5_DRAIN_SECONDS}s)"; kill -TERM "$child" 2>/dev/null || true' TERM INT
-  # wait returns early when a trapped signal arrives: wait again until supervisord has exited.
+  # wait returns early when a trapped signal arrives: wait again until the child has exited.
   while kill -0 "$child" 2>/dev/null; do
     status=0
     wait "$child" || status=$?
   done
+  child=
+  return "$status"
+}
+
+on_stop() {
+  stopping=true
+  log "stopping (drain bound ${GLM5_DRAIN_SECONDS:-the configured}s)"
+  if [[ -n $child ]]; then
+    kill -TERM "$child" 2>/dev/null || true
+  fi
+}
+
+# supervisord exits when stopped or when the server went FATAL (on-fatal records why).
+run_supervisor() {
+  local status=0
+  run_child supervisord -c "$GLM5_HOME/entrypoint/supervisord.conf" || status=$?
   if [[ -f $fatal_file ]]; then
     log "$(cat "$fatal_file")"
     return "$FATAL_EXIT"
@@ -50,8 +68,17 @@ main() {
     log "error: serve takes no arguments (got: ${*:2}); put sglang flags in GLM5_EXTRA_ARGS"
     return "$USAGE_EXIT"
   fi
+  local status=0
+  trap on_stop TERM INT
   load_settings
-  "$GLM5_HOME/entrypoint/launch" --prepare
+  run_child "$GLM5_HOME/entrypoint/launch" --prepare || status=$?
+  if $stopping; then
+    log "stopped before the server started"
+    return 0
+  fi
+  if ((status != 0)); then
+    return "$status"
+  fi
   run_supervisor
 }
 

@@ -194,6 +194,8 @@ def main() -> int:
     if args.dry_run:
         return dry_run(effective, args.json)
     if args.prepare:
+        # A stop during preflight or a download ends it at once; subprocess.run kills what it was running.
+        signal.signal(signal.SIGTERM, lambda _sig, _frame: sys.exit(128 + signal.SIGTERM))
         return prepare(effective)
     if args.supervisor_env:
         return supervisor_env(effective)

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import configparser
+import json
 import os
 import signal
 import subprocess
+import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -135,7 +138,8 @@ def test_drain_bound_matches_the_configuration() -> None:
     parser.read(CONF)
     program = parser["program:sglang"]
     assert program["stopwaitsecs"] == "%(ENV_GLM5_DRAIN_SECONDS)s"
-    assert program["stopasgroup"] == "true" and program["killasgroup"] == "true"
+    # SIGTERM to the server alone (it drains and stops its schedulers), the group killed only at the bound.
+    assert program["stopasgroup"] == "false" and program["killasgroup"] == "true"
     assert program["stdout_logfile_maxbytes"] == "%(ENV_GLM5_LOG_MAX_BYTES)s"
 
 
@@ -167,3 +171,98 @@ def test_paths_with_spaces(tmp_path: Path, containers: list[Container]) -> None:
     while "The server is fired up" not in c.entrypoint_output.read_text() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert "The server is fired up" in c.entrypoint_output.read_text()  # logtail followed the spaced path
+
+
+def stream_in_background(port: int, out: list[str]) -> threading.Thread:
+    """A streaming chat request of 60 chunks (slow-stream: 3 s), its SSE lines collected in `out`."""
+
+    def run() -> None:
+        body = json.dumps(
+            {
+                "model": "glm-5",
+                "messages": [{"role": "user", "content": "Count to 60"}],
+                "stream": True,
+                "max_tokens": 60,
+            }
+        ).encode()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            data=body,
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                out.extend(line.decode().strip() for line in response if line.strip())
+        except OSError as err:
+            out.append(f"cut: {err}")
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_an_in_flight_stream_completes_when_the_container_stops(
+    tmp_path: Path, containers: list[Container]
+) -> None:
+    """docker stop during a streaming request: SGLang's drain finishes it; the schedulers are not cut first."""
+    c = start(tmp_path, "slow-stream", GLM5_DRAIN_SECONDS="30")
+    containers.append(c)
+    c.wait_healthy()
+    lines: list[str] = []
+    thread = stream_in_background(c.port, lines)
+    deadline = time.monotonic() + 10
+    while not lines and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert lines, "the stream did not start"
+    c.proc.send_signal(signal.SIGTERM)
+    thread.join(timeout=30)
+    assert lines[-1] == "data: [DONE]", lines[-3:]
+    assert '"finish_reason": "stop"' in lines[-2]
+    assert c.proc.wait(timeout=30) == 0
+    log = c.output()
+    assert (
+        "Draining requests and shutting down" in log
+        and "Gracefully exiting... Remaining number of requests 1" in log
+    )
+    assert c.leftovers() == []
+
+
+def test_a_stop_during_preflight_is_prompt(tmp_path: Path, containers: list[Container]) -> None:
+    """PID 1 passes SIGTERM on from the first moment: a slow preflight (here nvidia-smi hanging) stops at once."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\nexec sleep 60\n")  # one process, as the real binary is
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    c = start(
+        tmp_path,
+        GLM5_SKIP_PREFLIGHT="shm,model,flashinfer,flags",
+        PATH=f"{bin_dir}:{os.environ['PATH']}",
+    )
+    containers.append(c)
+    deadline = time.monotonic() + 20
+    while not any("sleep" in " ".join(p.cmdline()) for p in c.leftovers()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    began = time.monotonic()
+    c.proc.send_signal(signal.SIGTERM)
+    assert c.proc.wait(timeout=10) == 0
+    assert time.monotonic() - began < 5
+    assert "stopped before the server started" in c.entrypoint_output.read_text()
+    assert not c.log.exists() and c.leftovers() == []
+
+
+def test_a_stop_during_capture_is_prompt_and_leaves_nothing(
+    tmp_path: Path, containers: list[Container]
+) -> None:
+    """Before its first request SGLang has no drain handler: SIGTERM ends the main process, the schedulers follow
+    (PR_SET_PDEATHSIG) and launch reaps the rest; nothing to drain, nothing left behind."""
+    c = start(tmp_path, SGLANG_DOUBLE_TICK="0.2")  # capture takes ~30 s
+    containers.append(c)
+    deadline = time.monotonic() + 30
+    while "Capturing prefill shape" not in c.output() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    began = time.monotonic()
+    c.proc.send_signal(signal.SIGTERM)
+    assert c.proc.wait(timeout=15) == 0
+    assert time.monotonic() - began < 5
+    assert "Gracefully exiting" not in c.output()
+    assert c.leftovers() == []

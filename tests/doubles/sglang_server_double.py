@@ -8,9 +8,23 @@ ready line), then serves the HTTP contract the kit relies on: /health 503 until 
 /v1/completions, /generate (streamed), /metrics. Answers come from a small fixed table.
 
 Behaviour is chosen with SGLANG_DOUBLE_MODE (comma list): ok, crash-loading, oom-capture,
-short-capture, never-ready, slow-drain, empty-text, wrong-answer, wrong-model, no-tools, no-reasoning, crash-once.
-SGLANG_DOUBLE_TICK scales the pauses (seconds per step, default 0.01). A child process stands in for
-the TP scheduler processes, so tests can check that stopping leaves no orphan.
+short-capture, never-ready, slow-drain (a request that never finishes), slow-stream (50 ms per streamed
+chunk), empty-text, wrong-answer, wrong-model, no-tools, no-reasoning, crash-once.
+SGLANG_DOUBLE_TICK scales the pauses (seconds per step, default 0.01); SGLANG_DOUBLE_DRAIN_POLL stands for
+the 5 s sleeps of 0.5.23's drain loop (default 0.5).
+
+Stopping, as SGLang 0.5.23 does it (read from its source):
+- A child process stands in for the TP schedulers: same process group, no SIGTERM handler
+  (managers/scheduler.py installs none) and PR_SET_PDEATHSIG=SIGKILL (utils/common.py
+  kill_itself_when_parent_died), so it dies at once on a group SIGTERM and when the main process dies.
+- Main process, while loading and capturing: no SIGTERM handler (the default action ends it at once).
+- Once HTTP is up and before the first request: SIGTERM stops the HTTP server (entrypoints/http_server.py wires
+  SIGTERM to server.stop until auto_create_handle_loop replaces it).
+- From the first request on (the warm-up request is the first): managers/tokenizer_manager.py's drain.
+  `SignalHandler.sigterm_handler` logs "SIGTERM received. ... Draining requests and shutting down...";
+  /health answers 503; `sigterm_watchdog` notices within 5 s, logs "Gracefully exiting... Remaining number of
+  requests N. ..." every 5 s until none remain (requests that still arrive are served), then sends
+  ShutdownReq to the schedulers and exits.
 """
 
 from __future__ import annotations
@@ -33,8 +47,16 @@ from sglang_rules import prefill_token_sizes as prefill_sizes
 
 MODES = set(filter(None, os.environ.get("SGLANG_DOUBLE_MODE", "ok").split(",")))
 TICK = float(os.environ.get("SGLANG_DOUBLE_TICK", "0.01"))
-ANSWERS = {"capital of france": "Paris", "2+2": "4", "2 + 2": "4"}
+ANSWERS = {
+    "capital of france": "Paris",
+    "2+2": "4",
+    "2 + 2": "4",
+    "count to 60": " ".join(map(str, range(1, 61))),
+}
+DRAIN_POLL = float(os.environ.get("SGLANG_DOUBLE_DRAIN_POLL", "0.5"))
 STATE = {"ready": False, "requests": 0, "prompt_tokens": 0, "generation_tokens": 0, "draining": False}
+IN_FLIGHT: set[str] = set()  # rid_to_state
+SCHEDULERS: list[subprocess.Popen[bytes]] = []
 
 
 def stamp(rank: int | None = None) -> str:
@@ -218,6 +240,14 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         if not self.authorized():
             return
+        rid = uuid.uuid4().hex
+        IN_FLIGHT.add(rid)
+        try:
+            self.post()
+        finally:
+            IN_FLIGHT.discard(rid)
+
+    def post(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
         STATE["requests"] += 1
         path = self.path.split("?")[0]
@@ -369,9 +399,15 @@ class Handler(BaseHTTPRequestHandler):
                     "object": "chat.completion.chunk" if kind == "chatcmpl" else "text_completion",
                     "model": self.model_name(),
                 } | chunk
+            if SCHEDULERS and SCHEDULERS[0].poll() is not None:
+                # The schedulers generate the tokens: without them a request is cut, as in SGLang (its
+                # subprocess watchdog then takes the server down).
+                log("Received sigquit from a child process. It usually means the child failed.")
+                self.close_connection = True
+                return
             self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
             self.wfile.flush()
-            time.sleep(TICK / 10)
+            time.sleep(0.05 if "slow-stream" in MODES else TICK / 10)
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
         self.close_connection = True
@@ -410,47 +446,72 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_known_args(argv)[0]
 
 
+def scheduler_child() -> None:
+    """The TP scheduler stand-in: no SIGTERM handler; killed when the main process dies."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    while True:
+        time.sleep(1)
+
+
 def main() -> None:
     if sys.argv[1:2] == ["--scheduler-child"]:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN if "slow-drain" in MODES else signal.SIG_DFL)
-        while True:
-            time.sleep(1)
+        scheduler_child()
     args = parse_args(sys.argv[1:])
     child = subprocess.Popen([sys.executable, __file__, "--scheduler-child"])
-    startup(args)
+    SCHEDULERS.append(child)
+    startup(args)  # loading and capture: SIGTERM's default action ends the process here
     Handler.args = args
     server = ThreadingHTTPServer((args.host, args.port), Handler)
 
-    def on_term(_sig: int, _frame: Any) -> None:
-        STATE["draining"] = True
-        log("Signal SIGTERM received. Gracefully exiting...")
-        if "slow-drain" in MODES:
-            threading.Thread(target=slow_drain, daemon=True).start()
-            return
+    def stop_http(_sig: int, _frame: Any) -> None:  # http_server.py: SIGTERM -> server.stop
         child.terminate()
         threading.Thread(target=server.shutdown, daemon=True).start()
 
-    signal.signal(signal.SIGTERM, on_term)
+    def drain(_sig: int, _frame: Any) -> None:  # SignalHandler.sigterm_handler
+        log(f"SIGTERM received. signum={_sig} frame=None. Draining requests and shutting down...")
+        STATE["draining"] = True
+
+    def watchdog() -> None:  # TokenizerManager.sigterm_watchdog
+        while not STATE["draining"]:
+            time.sleep(DRAIN_POLL)
+        while True:
+            remaining = sorted(IN_FLIGHT)
+            log(
+                f"Gracefully exiting... Remaining number of requests {len(remaining)}. "
+                f"Remaining requests remaining_rids={remaining}."
+            )
+            if not remaining:
+                break
+            time.sleep(DRAIN_POLL)
+        child.terminate()  # ShutdownReq to the schedulers
+        child.wait(timeout=10)
+        server.shutdown()
+
+    handler = {"now": stop_http}
+
+    def first_request() -> None:  # auto_create_handle_loop, run by the warm-up request
+        handler["now"] = drain  # (a thread cannot call signal.signal: the main thread's handler dispatches)
+        threading.Thread(target=watchdog, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, lambda sig, frame: handler["now"](sig, frame))
     log(f"Uvicorn running on http://{args.host}:{args.port} (Press CTRL+C to quit)")
     if "never-ready" not in MODES:
-        threading.Thread(target=warm_up, daemon=True).start()
+        threading.Thread(target=warm_up, args=(first_request,), daemon=True).start()
     server.serve_forever()
+    child.terminate()
     child.wait(timeout=10)
 
 
-def warm_up() -> None:
+def warm_up(first_request: Any) -> None:
     time.sleep(TICK * 20)
+    first_request()
+    if "slow-drain" in MODES:
+        IN_FLIGHT.add("double-stuck")  # a request that never finishes: the drain never ends by itself
     log('127.0.0.1:40000 - "POST /generate HTTP/1.1" 200')
     STATE["ready"] = True
     log("The server is fired up and ready to roll!")
-
-
-def slow_drain() -> None:
-    while True:
-        log(
-            "Gracefully exiting... Remaining number of requests 1. Remaining requests remaining_rids=['double-1']."
-        )
-        time.sleep(1)
 
 
 if __name__ == "__main__":
