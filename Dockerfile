@@ -20,9 +20,10 @@ ARG GLM5_UID=1000
 SHELL ["/bin/bash", "-euo", "pipefail", "-c"]
 
 # noninteractive: Ubuntu 24.04's python3.12 pulls tzdata, whose debconf prompt would hang the build.
+# g++: the host compiler that the run-time JITs (FlashInfer, DeepGEMM, TileLang through nvcc; Triton's launcher) need.
 # hadolint ignore=DL3008
 RUN apt-get update \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3 python3-venv python3-dev patch ca-certificates \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3 python3-venv python3-dev g++ patch ca-certificates \
  && rm -rf /var/lib/apt/lists/*
 
 ENV VIRTUAL_ENV=/opt/venv \
@@ -34,9 +35,6 @@ ENV VIRTUAL_ENV=/opt/venv \
     HOME=/home/glm5 \
     XDG_CACHE_HOME=/cache \
     HF_HOME=/cache/huggingface \
-    FLASHINFER_WORKSPACE_BASE=/cache \
-    TRITON_CACHE_DIR=/cache/triton \
-    TORCHINDUCTOR_CACHE_DIR=/cache/inductor \
     PYTHONDONTWRITEBYTECODE=1 \
     PIP_CERT=/etc/ssl/certs/ca-certificates.crt \
     PIP_NO_CACHE_DIR=1
@@ -58,6 +56,11 @@ RUN /opt/glm5/patches/apply \
 
 COPY entrypoint/ /opt/glm5/entrypoint/
 COPY healthcheck/ /opt/glm5/healthcheck/
+# The build's identity keys the JIT caches on the volume (/cache/build-ID/, entrypoint/glm5.toml [[env]]):
+# what compiled kernels depend on (the base, its CUDA, the Python stack, the patches). Another build never loads them.
+ARG BASE_IMAGE
+RUN { printf '%s\n' "${BASE_IMAGE}" "${CUDA_MAJOR_MINOR}"; cat /opt/glm5/image/requirements.lock /opt/glm5/patches/series /opt/glm5/patches/*.patch; } \
+      | sha256sum | cut -c1-16 > /opt/glm5/BUILD-ID
 # Bytecode now: the image never writes it (PYTHONDONTWRITEBYTECODE), and every probe imports these modules.
 RUN python3 -m compileall -q /opt/glm5/common /opt/glm5/entrypoint /opt/glm5/healthcheck /opt/glm5/patches /opt/glm5/image
 

@@ -35,6 +35,7 @@ OUTPUTS = {
     "k8s/pod.yaml": f"{TEMPLATES}/k8s/pod.yaml",
     "k8s/service.yaml": f"{TEMPLATES}/k8s/service.yaml",
     "k8s/pvc-weights.yaml": f"{TEMPLATES}/k8s/pvc-weights.yaml",
+    "k8s/pvc-cache.yaml": f"{TEMPLATES}/k8s/pvc-cache.yaml",
     "image/requirements.in": f"{TEMPLATES}/image/requirements.in",
 }
 ENV_EXAMPLE = "glm5.env.example"  # rendered from the settings' declarations, no template

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from common.report import Problem, Problems
@@ -110,7 +112,9 @@ def resolve(environ: Mapping[str, str], config: Mapping[str, Any] | None = None)
     argv += values["extra_args"]
     if problems:
         raise Problems(problems)
-    env = {e["name"]: e["value"] for e in config["env"] if "value" in e}
+    values["build_id"] = build_id(values["home"])
+    values["cache_root"] = f"{values['cache_dir']}/build-{values['build_id']}"
+    env = {e["name"]: str(e["value"]).format(**values) for e in config["env"] if "value" in e}
     spec = values["speculative"] != "off"
     max_bs = effective_decode_max_bs(values["cuda_graph_max_bs_decode"], spec, values["max_running_requests"])
     prefill_max = min(8192, int(flag_value(argv, "--chunked-prefill-size") or 8192))
@@ -123,6 +127,19 @@ def resolve(environ: Mapping[str, str], config: Mapping[str, Any] | None = None)
     return Effective(
         values, argv, env, decode_batch_sizes(max_bs, spec), prefill_token_sizes(prefill_max), applied, secret
     )
+
+
+BUILD_ID_FILE = "BUILD-ID"  # written by the image build: a digest of what compiled kernels depend on
+BUILD_ID_FORM = re.compile(r"[0-9a-f]{16}")
+
+
+def build_id(home: str) -> str:
+    """The image build's identity (its BUILD-ID file), or "dev" outside an image: JIT caches are keyed by it."""
+    try:
+        found = (Path(home) / BUILD_ID_FILE).read_text().strip()
+    except OSError:
+        return "dev"
+    return found if BUILD_ID_FORM.fullmatch(found) else "dev"
 
 
 def flag_value(argv: list[str], flag: str) -> str | None:

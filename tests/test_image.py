@@ -206,3 +206,36 @@ def test_no_apt_install_can_wait_on_a_prompt() -> None:
 )
 def test_the_prompt_rule_can_fail(dockerfile: str) -> None:
     assert len(apt_installs_without_noninteractive(dockerfile)) == 1
+
+
+def test_one_cuda_compiler_deliberately() -> None:
+    """Every run-time JIT finds nvcc through CUDA_HOME: the image sets it to the base's toolkit, whose release the
+    FlashInfer override names, and installs the host compiler nvcc drives."""
+    cfg = settings.load_config()
+    toml_env = {e["name"]: e.get("value") for e in cfg["env"]}
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert f"CUDA_HOME={toml_env['CUDA_HOME']} " in dockerfile
+    assert f"ARG CUDA_MAJOR_MINOR={cfg['image']['cuda_major_minor']}\n" in dockerfile
+    assert "FLASHINFER_CUDA_VERSION=${CUDA_MAJOR_MINOR}" in dockerfile
+    install = re.search(r"apt-get install ([^&]+)", dockerfile.replace("\\\n", " "))
+    assert install and "g++" in install.group(1).split()
+
+
+def test_jit_caches_are_keyed_by_the_image_build(tmp_path: Path) -> None:
+    from entrypoint import config
+
+    dev = config.resolve({"GLM5_HOME": str(tmp_path)})
+    assert dev.env["SGLANG_CACHE_DIR"] == "/cache/build-dev/sglang"
+    (tmp_path / "BUILD-ID").write_text("0123456789abcdef\n")
+    built = config.resolve({"GLM5_HOME": str(tmp_path)})
+    for name in ("SGLANG_CACHE_DIR", "SGLANG_JIT_CACHE_DIR", "TVM_FFI_CACHE_DIR"):
+        assert built.env[name].startswith("/cache/build-0123456789abcdef/"), name
+    assert "BUILD-ID" in (ROOT / "Dockerfile").read_text()
+    # No image-level cache variable may outrank these defaults (the operator's environment wins over glm5.toml).
+    for name in (
+        "FLASHINFER_WORKSPACE_BASE",
+        "TRITON_CACHE_DIR",
+        "TORCHINDUCTOR_CACHE_DIR",
+        "SGLANG_CACHE_DIR",
+    ):
+        assert f"{name}=" not in (ROOT / "Dockerfile").read_text(), name
