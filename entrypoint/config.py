@@ -12,9 +12,11 @@ from typing import Any
 from common.report import Problem, Problems
 from entrypoint import settings
 from entrypoint.batch_sizes import decode_batch_sizes, effective_decode_max_bs, prefill_token_sizes
+from entrypoint.state import SERVER_CONFIG
 
 SERVER_PROGRAM = ("python3", "-m", "sglang.launch_server")
 REDACTED = "<redacted>"
+CONFIG_FLAG = "--config"  # sglang 0.5.23 reads options from a YAML file (utils/server_args_config_parser.py)
 
 
 @dataclass
@@ -25,14 +27,28 @@ class Effective:
     decode_sizes: list[int]
     prefill_sizes: list[int]
     overrides: dict[str, str] = field(default_factory=dict)
-    secret_flags: tuple[str, ...] = ()
+    # Options that must not be on any command line (the API key): written to the private server config file
+    # that `--config` names (entrypoint/state.py), keyed by flag name without the dashes.
+    secret_options: dict[str, str] = field(default_factory=dict)
 
     def redacted_argv(self) -> list[str]:
-        out = list(self.argv)
-        for i, arg in enumerate(out[:-1]):
-            if arg in self.secret_flags:
-                out[i + 1] = REDACTED
+        """The argv as shown to people and stored: it holds no secret (they are in the config file)."""
+        return list(self.argv)
+
+    def public_argv(self) -> list[str]:
+        """The argv without `--config FILE`, for parsing before the file exists (preflight)."""
+        out, skip = [], False
+        for arg in self.argv:
+            if skip:
+                skip = False
+            elif arg == CONFIG_FLAG and self.secret_options:
+                skip = True
+            else:
+                out.append(arg)
         return out
+
+    def secrets(self) -> list[str]:
+        return [v for v in self.secret_options.values() if v]
 
     def server_env(self, environ: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
         """glm5.toml's [[env]] values are defaults: the operator's environment wins. Returns the effective
@@ -68,6 +84,7 @@ def owned_flags(config: Mapping[str, Any]) -> dict[str, str]:
     """Flags the configuration sets, with what sets them: GLM5_EXTRA_ARGS may not."""
     owned = {s.flag: s.name for s in settings.declarations(config).values() if s.flag}
     owned["--api-key"] = "GLM5_API_KEY or GLM5_API_KEY_FILE"
+    owned[CONFIG_FLAG] = "nothing: the kit writes the server's config file (it holds the API key)"
     owned |= {f["name"]: f["owned_by"] for f in config["flag"] if "owned_by" in f}
     return owned
 
@@ -93,6 +110,7 @@ def resolve(environ: Mapping[str, str], config: Mapping[str, Any] | None = None)
     decls = settings.declarations(config)
     problems = check_extra_args(values["extra_args"], config)
     argv = list(SERVER_PROGRAM)
+    secret_options: dict[str, str] = {}
     for flag in config["flag"]:
         if "value" not in flag:
             argv.append(flag["name"])
@@ -106,10 +124,15 @@ def resolve(environ: Mapping[str, str], config: Mapping[str, Any] | None = None)
                     )
                 )
             continue
-        argv += [flag["name"], str(flag["value"]).format(**values)]
+        if flag.get("secret"):
+            secret_options[flag["name"].removeprefix("--")] = str(flag["value"]).format(**values)
+        else:
+            argv += [flag["name"], str(flag["value"]).format(**values)]
     for setting in decls.values():
         argv += setting.flags.get(str(values[setting.key]), [])
     argv += values["extra_args"]
+    if secret_options:
+        argv += [CONFIG_FLAG, str(Path(values["state_dir"]) / SERVER_CONFIG)]
     if problems:
         raise Problems(problems)
     values["build_id"] = build_id(values["home"])
@@ -123,9 +146,14 @@ def resolve(environ: Mapping[str, str], config: Mapping[str, Any] | None = None)
         for s in decls.values()
         if s.where == "container" and s.kind != "secret" and environ.get(s.name, "").strip()
     }
-    secret = tuple(f["name"] for f in config["flag"] if f.get("secret"))
     return Effective(
-        values, argv, env, decode_batch_sizes(max_bs, spec), prefill_token_sizes(prefill_max), applied, secret
+        values,
+        argv,
+        env,
+        decode_batch_sizes(max_bs, spec),
+        prefill_token_sizes(prefill_max),
+        applied,
+        secret_options,
     )
 
 

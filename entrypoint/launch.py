@@ -23,10 +23,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from common.report import INVALID_SETTING, NO_SERVER_PROGRAM, Log, Problem, Problems
-from entrypoint import config, preflight, settings, state, weights
+from entrypoint import config, preflight, relay, settings, state, weights
 
 LOG = Log("glm5-serve")
 KIT_ROOT = str(Path(__file__).resolve().parent.parent)
@@ -66,7 +67,7 @@ def prepare(effective: config.Effective) -> int:
             weights.download(values, LOG)
         except Problem as problem:
             return LOG.problems([problem], "problem downloading the weights")
-    problems = preflight.run(values, os.environ, LOG, effective.argv[len(config.SERVER_PROGRAM) :])
+    problems = preflight.run(values, os.environ, LOG, effective.public_argv()[len(config.SERVER_PROGRAM) :])
     if problems:
         return LOG.problems(
             problems,
@@ -98,7 +99,12 @@ def serve(effective: config.Effective) -> int:
     if shutil.which(argv[0]) is None:
         LOG.error(f"server program {argv[0]!r} not found on PATH")
         return NO_SERVER_PROGRAM
-    return supervise(argv, server_env(os.environ, env))
+    if effective.secret_options:
+        state.write_server_config(state_dir, effective.secret_options)
+    try:
+        return supervise(argv, server_env(os.environ, env), effective.secrets())
+    finally:
+        state.remove_server_config(state_dir)
 
 
 def server_env(environ: dict[str, str] | os._Environ[str], configured: dict[str, str]) -> dict[str, str]:
@@ -116,12 +122,17 @@ def server_env(environ: dict[str, str] | os._Environ[str], configured: dict[str,
     return env
 
 
-def supervise(argv: list[str], env: dict[str, str]) -> int:
-    """Run the server as a child rather than exec it: when it exits, kill what it left behind in
-    this process group (TP workers holding GPU memory would make the restart run out of memory)."""
+def supervise(argv: list[str], env: dict[str, str], secrets: list[str]) -> int:
+    """Run the server as a child rather than exec it: its output passes through the masking relay (a thread
+    here), SIGTERM/SIGINT go to it alone (it drains), and when it exits what it left behind in this process
+    group is killed (TP workers holding GPU memory would make the restart run out of memory)."""
     if os.getpgrp() != os.getpid():
         os.setpgid(0, 0)  # lead our own group (supervisord already does this), so only the server's is reaped
-    child = subprocess.Popen(argv, env=env)
+    read_end, write_end = os.pipe()
+    child = subprocess.Popen(argv, env=env, stdout=write_end, stderr=write_end)
+    os.close(write_end)
+    copier = threading.Thread(target=relay.relay, args=(read_end, sys.stdout.fileno(), secrets), daemon=True)
+    copier.start()
 
     def forward(signum: int, _frame: object) -> None:
         child.send_signal(signum)
@@ -133,6 +144,7 @@ def supervise(argv: list[str], env: dict[str, str]) -> int:
     for pid in leftovers:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+    copier.join(timeout=10)  # the pipe ends once every holder of its write end is gone
     if leftovers:
         LOG.warning(
             f"server exited ({code}); killed {len(leftovers)} process(es) it left behind: {leftovers}"

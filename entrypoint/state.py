@@ -7,6 +7,7 @@ the start marker line in the server log. Only this module names them.
 | `launch.json` | launch --serve, at each start | healthcheck, ci tools, people | the effective configuration of the current start (argv with secrets redacted, env, expected graph counts, port, log dir, health timeout), its start number, pid and time |
 | `capture.json` | healthcheck | healthcheck | the capture facts of a start once capture is done (the log's tail window may lose them later); written only when it changes |
 | `fatal` | entrypoint/on-fatal | entrypoint.sh (exit 70) | why the server went FATAL; removed when the container starts |
+| `server-config.yaml` | launch --serve | the server (`--config`) | options that must be on no command line (the API key); mode 0600, removed when the server exits; the state dir is a tmpfs in compose and the pod |
 | `supervisord.pid`, `supervisor.sock` | supervisord | supervisorctl | supervisord's own (named in supervisord.conf) |
 | marker line in server.log | launch --serve | healthcheck (logscan) | `===== glm5-serve: server start #N at ISO-TIME pid P: ... =====`: everything after the last marker is the current start |
 
@@ -17,6 +18,7 @@ or capture.json of an earlier start is never used for the current one. Stdlib on
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,8 @@ LAUNCH = "launch.json"
 CAPTURE = "capture.json"
 STARTS = "starts"
 FATAL = "fatal"
-FILES = (STARTS, LAUNCH, CAPTURE, FATAL)
+SERVER_CONFIG = "server-config.yaml"
+FILES = (STARTS, LAUNCH, CAPTURE, FATAL, SERVER_CONFIG)
 MARKER_TEXT = "glm5-serve: server start #"
 MARKER = re.compile(rb"glm5-serve: server start #(\d+) at (\S+)")
 
@@ -95,3 +98,18 @@ def write_fatal(state_dir: str | Path, reason: str) -> None:
 
 def clear_fatal(state_dir: str | Path) -> None:
     path(state_dir, FATAL).unlink(missing_ok=True)
+
+
+def write_server_config(state_dir: str | Path, options: dict[str, str]) -> Path:
+    """The server's private config file: created 0600 (never readable by others, not even for a moment), YAML
+    with JSON-quoted values (YAML reads them as plain strings)."""
+    file = path(state_dir, SERVER_CONFIG)
+    file.unlink(missing_ok=True)
+    fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write("".join(f"{key}: {json.dumps(value)}\n" for key, value in options.items()))
+    return file
+
+
+def remove_server_config(state_dir: str | Path) -> None:
+    path(state_dir, SERVER_CONFIG).unlink(missing_ok=True)

@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from conftest import ROOT
-from entrypoint import batch_sizes, config, settings
+from entrypoint import batch_sizes, config, relay, settings, state
 from helpers import oracles
 
 LAUNCH = ROOT / "entrypoint" / "launch"
@@ -53,10 +54,12 @@ def rendered() -> list[config.Effective]:
 def real(rendered: list[config.Effective]) -> dict[str, Any]:
     return oracle(
         {
-            "argvs": [server_args(e.argv) for e in rendered],
+            "argvs": [
+                server_args(e.public_argv()) for e in rendered
+            ],  # --config's file exists only at --serve
             "decode": [
                 [
-                    server_args(e.argv),
+                    server_args(e.public_argv()),
                     batch_sizes.effective_decode_max_bs(
                         e.values["cuda_graph_max_bs_decode"],
                         e.values["speculative"] != "off",
@@ -99,7 +102,8 @@ def test_dry_run_prints_a_shell_command_and_redacts_the_key() -> None:
     done = launch("--dry-run", GLM5_API_KEY="s3cret")
     assert done.returncode == 0
     assert done.stdout.startswith("python3 -m sglang.launch_server --model-path /models/GLM-5-NVFP4 ")
-    assert "s3cret" not in done.stdout and "--api-key '<redacted>'" in done.stdout
+    assert "s3cret" not in done.stdout and "--api-key" not in done.stdout
+    assert "--config /run/glm5/server-config.yaml" in done.stdout
 
 
 def test_no_sm120_incompatible_backend_is_baked() -> None:
@@ -170,7 +174,7 @@ def test_api_key_file_is_read(tmp_path: Path) -> None:
     key = tmp_path / "key"
     key.write_text("from-file\n")
     effective = config.resolve({"GLM5_API_KEY_FILE": str(key)})
-    assert config.flag_value(effective.argv, "--api-key") == "from-file"
+    assert effective.secret_options == {"api-key": "from-file"} and "from-file" not in effective.argv
     assert "from-file" not in json.dumps(effective.state())
 
 
@@ -251,3 +255,26 @@ def test_dry_run_shows_each_variable_and_where_it_came_from() -> None:
     assert "# NCCL_P2P_LEVEL=PHB (from the environment; glm5.toml's default: SYS)" in lines
     assert "# NCCL_MIN_NCHANNELS=8 (glm5.toml default)" in lines
     assert json.loads(launch("--dry-run", "--json").stdout)[0] == "python3"  # --json stays the argv alone
+
+
+@pytest.mark.parametrize("cut", [1, 3, 9, 17])
+def test_the_relay_masks_a_secret_split_across_reads(cut: int) -> None:
+    secret = "k-5ecret-7e57-value"
+    stream = f"server_args={{'api_key': '{secret}'}}\r 3/52 frames\r{secret}{secret}\n".encode()
+    masker = relay.Masker([secret])
+    out = b"".join(masker.feed(stream[i : i + cut]) for i in range(0, len(stream), cut)) + masker.flush()
+    assert out == stream.replace(secret.encode(), relay.MASK)
+    live = relay.Masker([secret])
+    assert live.feed(b"capture 3/52\r") == b"capture 3/52\r"  # output with no secret passes at once
+
+
+def test_the_key_goes_to_a_private_config_file_not_the_command_line(tmp_path: Path) -> None:
+    effective = config.resolve({"GLM5_API_KEY": "s3cret", "GLM5_STATE_DIR": str(tmp_path)})
+    assert "s3cret" not in " ".join(effective.argv)
+    assert effective.argv[-2:] == ["--config", str(tmp_path / "server-config.yaml")]
+    assert "--config" not in effective.public_argv() and effective.secret_options == {"api-key": "s3cret"}
+    written = state.write_server_config(tmp_path, effective.secret_options)
+    assert written.stat().st_mode & 0o777 == 0o600
+    assert yaml.safe_load(written.read_text()) == {"api-key": "s3cret"}
+    real = oracle({"argvs": [server_args(effective.argv)]})  # sglang's own parser reads it
+    assert real["parse"] == [{"ok": True, "error": ""}]

@@ -153,6 +153,10 @@ def test_the_rendered_files_keep_their_rules() -> None:
     secret = {v["name"]: v for v in p["spec"]["volumes"]}[mounts[str(Path(key_file).parent)]]["secret"]
     assert secret["optional"] is False
     assert found["probe_command_timeout_seconds"] > found["health_timeout_seconds"]
+    # The state dir holds the server's private config file (the API key): memory only, in both.
+    assert [m for m in c["tmpfs"] if m.split(":")[0] == found["state_dir"]]
+    run = [m["name"] for m in container["volumeMounts"] if m["mountPath"] == found["state_dir"]]
+    assert run and {v["name"]: v for v in p["spec"]["volumes"]}[run[0]]["emptyDir"]["medium"] == "Memory"
 
 
 def test_an_unknown_placeholder_is_refused(tmp_path: Path) -> None:

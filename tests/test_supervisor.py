@@ -266,3 +266,31 @@ def test_a_stop_during_capture_is_prompt_and_leaves_nothing(
     assert time.monotonic() - began < 5
     assert "Gracefully exiting" not in c.output()
     assert c.leftovers() == []
+
+
+def test_the_api_key_is_in_no_argv_no_log_and_no_state_file(
+    tmp_path: Path, containers: list[Container]
+) -> None:
+    """SGLang 0.5.23 logs server_args with api_key in clear and takes --api-key on its command line: the key must
+    still appear in no process's argv, no log the kit writes, no state file, and the key file must go at stop."""
+    key = "k-5ecret-7e57-value"
+    c = start(tmp_path, GLM5_API_KEY=key)
+    containers.append(c)
+    c.wait_healthy()
+    assert readiness_ok_with_key(c.port, key)
+    argvs = [" ".join(p.cmdline()) for p in c.leftovers()]
+    assert argvs and not [a for a in argvs if key in a], argvs
+    c.proc.send_signal(signal.SIGTERM)
+    assert c.proc.wait(timeout=30) == 0
+    written = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert [p for p in written if key.encode() in p.read_bytes()] == []
+    assert "server_args={" in c.output() and "'api_key': '<redacted>'" in c.output()
+    assert not list((tmp_path / "run").glob("*.yaml"))  # the private config file is removed at exit
+
+
+def readiness_ok_with_key(port: int, key: str) -> bool:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/models", headers={"Authorization": f"Bearer {key}"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return bool(response.status == 200)

@@ -109,9 +109,10 @@ def traceback_exit(kind: str) -> None:
 
 
 def startup(args: argparse.Namespace) -> None:
-    log(
-        f"server_args=ServerArgs(model_path='{args.model_path}', tp_size={args.tp_size}, port={args.port}, ...)"
-    )
+    # entrypoints/engine.py: logger.info(f"server_args={_server_args_for_logging(server_args)}"), the resolved
+    # fields as a dict with only watermark secrets redacted: api_key is printed as it is.
+    shown = {k: getattr(args, k) for k in ("model_path", "served_model_name", "tp_size", "port", "api_key")}
+    log(f"server_args={shown}")
     for rank in range(args.tp_size):
         log("Load weight begin. avail mem=94.62 GB", rank)
     time.sleep(TICK * 5)
@@ -433,7 +434,24 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
 
+def merge_config(argv: list[str]) -> list[str]:
+    """`--config FILE.yaml` as 0.5.23 reads it (utils/server_args_config_parser.py): one file, YAML suffix, a mapping
+    whose keys are flag names; its options go before the command line's, which win."""
+    if "--config" not in argv:
+        return argv
+    import yaml
+
+    at = argv.index("--config")
+    path = Path(argv[at + 1])
+    if path.suffix.lower() not in (".yaml", ".yml") or not path.exists():
+        raise SystemExit(f"ValueError: Config file must be YAML format and exist: {path}")
+    data = yaml.safe_load(path.read_text()) or {}
+    extra = [arg for key, value in data.items() for arg in (f"--{key.replace('_', '-')}", str(value))]
+    return extra + argv[:at] + argv[at + 2 :]
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
+    argv = merge_config(argv)
     parser = argparse.ArgumentParser(prog="sglang-server-double")
     parser.add_argument("--model-path", required=True)
     parser.add_argument("--served-model-name")
