@@ -215,32 +215,26 @@ def test_readme_configuration_reference_is_current() -> None:
     assert launch("--reference").stdout.strip() in readme, "README is stale: run ci/render"
 
 
+def serve_fake(tmp_path: Path, script: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """launch --serve with a one-line shell script as the server program."""
+    program = tmp_path / "fake-server"
+    program.write_text(f"#!/bin/sh\n{script}\n")
+    program.chmod(0o755)
+    return launch("--serve", GLM5_STATE_DIR=str(tmp_path / "run"), GLM5_SERVER_PROGRAM=str(program), **env)
+
+
 def test_the_server_does_not_inherit_the_kits_import_path(tmp_path: Path) -> None:
     """The thin executables put the kit on PYTHONPATH; the server (sglang) must not import from it."""
-    program = tmp_path / "fake-server"
-    program.write_text('#!/bin/sh\necho "pythonpath=[$PYTHONPATH]"\n')
-    program.chmod(0o755)
-    env = {
-        "GLM5_STATE_DIR": str(tmp_path / "run"),
-        "GLM5_SERVER_PROGRAM": str(program),
-        "PYTHONPATH": "/opt/extra",
-    }
-    done = launch("--serve", **env)
+    done = serve_fake(tmp_path, 'echo "pythonpath=[$PYTHONPATH]"', PYTHONPATH="/opt/extra")
     assert done.returncode == 0, done.stderr
     assert "pythonpath=[/opt/extra]" in done.stdout  # the operator's own entry stays, the kit's is gone
 
 
 def test_the_operators_environment_wins_over_the_configurations_defaults(tmp_path: Path) -> None:
     """glm5.toml's [[env]] values are defaults: a value the operator sets (glm5.env, the pod) reaches the server."""
-    program = tmp_path / "fake-server"
-    program.write_text('#!/bin/sh\necho "p2p=$NCCL_P2P_LEVEL channels=$NCCL_MIN_NCHANNELS"\n')
-    program.chmod(0o755)
-    env = {
-        "GLM5_STATE_DIR": str(tmp_path / "run"),
-        "GLM5_SERVER_PROGRAM": str(program),
-        "NCCL_P2P_LEVEL": "PHB",
-    }
-    done = launch("--serve", **env)
+    done = serve_fake(
+        tmp_path, 'echo "p2p=$NCCL_P2P_LEVEL channels=$NCCL_MIN_NCHANNELS"', NCCL_P2P_LEVEL="PHB"
+    )
     assert done.returncode == 0, done.stderr
     assert "p2p=PHB channels=8" in done.stdout
     state = json.loads((tmp_path / "run/launch.json").read_text())
