@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shutil
 import subprocess
@@ -239,3 +241,33 @@ def test_jit_caches_are_keyed_by_the_image_build(tmp_path: Path) -> None:
         "SGLANG_CACHE_DIR",
     ):
         assert f"{name}=" not in (ROOT / "Dockerfile").read_text(), name
+
+
+def test_every_jit_cache_follows_the_keyed_folder_in_real_sglang() -> None:
+    """With the server's environment as launch sets it, the real sglang 0.5.23 points Triton, TorchInductor,
+    CUDA's own, TileLang, FlashInfer and DeepGEMM under the build's folder on the cache volume (import sglang runs
+    srt/environ.py redirect_third_party_caches; DeepGEMM follows SGLANG_DG_CACHE_DIR)."""
+    from entrypoint import config
+
+    env = config.resolve({}).env
+    probe = (
+        "import json, os, sglang\n"
+        "from sglang.srt.environ import envs\n"
+        "names = ('TRITON_CACHE_DIR', 'TORCHINDUCTOR_CACHE_DIR', 'CUDA_CACHE_PATH', 'TILELANG_CACHE_DIR',"
+        " 'FLASHINFER_WORKSPACE_BASE')\n"
+        "print(json.dumps({n: os.environ.get(n) for n in names} | {'DEEPGEMM': envs.SGLANG_DG_CACHE_DIR.get()}))\n"
+    )
+    clean = {
+        k: v for k, v in os.environ.items() if not k.endswith(("_CACHE_DIR", "_CACHE_PATH", "WORKSPACE_BASE"))
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        env=clean | env | {"PYTHONPATH": str(ROOT / "tests" / "stubs")},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = json.loads(done.stdout.splitlines()[-1])
+    assert found and all(v and v.startswith("/cache/build-dev/sglang") for v in found.values()), found
