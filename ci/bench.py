@@ -7,7 +7,7 @@
 Default workload (the known baseline's): 1024 concurrent requests, random token prompts of 1024 tokens
 in and 1024 out (random-ids, so no dataset download), 4096 prompts. Each run is written to
 RUN.json in --out; a sweep also writes sweep.md (table) and sweep.png (plot) against the baseline.
-Exit codes (entrypoint/report.py): 0 ok, 1 a benchmark or a variant failed, 2 bad usage or sweep file,
+Exit codes (common/report.py): 0 ok, 1 a benchmark or a variant failed, 2 bad usage or sweep file,
 3 an invalid setting. The URL, port and API key follow ci/readiness.py.
 """
 

@@ -138,12 +138,13 @@ class Local(Url):
         self, conn: Connection, environ: Mapping[str, str], output: Path, stop_timeout: float = 180
     ) -> None:
         super().__init__(conn, environ)
+        self.base = dict(environ)  # each boot is this plus its own settings, never an earlier boot's
         self.output, self.stop_timeout = output, stop_timeout
         self.proc: subprocess.Popen[bytes] | None = None
 
     def boot(self, env: Mapping[str, str]) -> None:
         self.stop()
-        self.env = self.env | dict(env)
+        self.env = self.base | dict(env)
         log_dir = self.env.get("GLM5_LOG_DIR", "").strip()
         self.log = Path(log_dir, "server.log") if log_dir else None
         with self.output.open("ab") as out:

@@ -69,10 +69,11 @@ def values(cfg: Mapping[str, Any]) -> dict[str, Any]:
         for _ in [1]
         if v["stop_margin_seconds"] < 5
     ]
-    if v["probe_command_timeout_seconds"] <= v["health_timeout_seconds"]:
+    longest = settings.declarations(cfg)["GLM5_HEALTH_TIMEOUT"].high
+    if v["probe_command_timeout_seconds"] <= max(v["health_timeout_seconds"], longest):
         problems.append(
             f"probe_command_timeout_seconds = {v['probe_command_timeout_seconds']} must exceed health_timeout_seconds "
-            f"= {v['health_timeout_seconds']} (the probe waits that long for /health)"
+            f"= {v['health_timeout_seconds']} and GLM5_HEALTH_TIMEOUT's max {longest} (the probe waits that long for /health)"
         )
     if problems:
         raise RenderError("entrypoint/glm5.toml: " + "; ".join(problems))

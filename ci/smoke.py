@@ -8,7 +8,7 @@ chat_stream, completion, tool_call, reasoning, decode_speed; and metrics (plain 
 Reports time to ready, time to first token and single-stream decode tokens/s as a summary, as JSON
 (smoke.json) and as JUnit XML (smoke.xml) in --report-dir. The URL, port and API key follow
 ci/readiness.py (GLM5_HOST_PORT, GLM5_API_KEY or GLM5_API_KEY_FILE).
-Exit codes (entrypoint/report.py): 0 all checks passed, 1 a check failed, 3 an invalid setting,
+Exit codes (common/report.py): 0 all checks passed, 1 a check failed, 3 an invalid setting,
 4 the server never became ready.
 """
 

@@ -15,7 +15,6 @@ from entrypoint.batch_sizes import decode_batch_sizes, effective_decode_max_bs, 
 from entrypoint.state import SERVER_CONFIG
 
 SERVER_PROGRAM = ("python3", "-m", "sglang.launch_server")
-REDACTED = "<redacted>"
 CONFIG_FLAG = "--config"  # sglang 0.5.23 reads options from a YAML file (utils/server_args_config_parser.py)
 
 
@@ -30,10 +29,6 @@ class Effective:
     # Options that must not be on any command line (the API key): written to the private server config file
     # that `--config` names (entrypoint/state.py), keyed by flag name without the dashes.
     secret_options: dict[str, str] = field(default_factory=dict)
-
-    def redacted_argv(self) -> list[str]:
-        """The argv as shown to people and stored: it holds no secret (they are in the config file)."""
-        return list(self.argv)
 
     def public_argv(self) -> list[str]:
         """The argv without `--config FILE`, for parsing before the file exists (preflight)."""
@@ -64,7 +59,7 @@ class Effective:
     def state(self) -> dict[str, Any]:
         """What the healthcheck and people read: the effective configuration of this run."""
         return {
-            "argv": self.redacted_argv(),
+            "argv": self.argv,  # holds no secret: those are in the server's config file
             "env": self.env,
             "overrides": self.overrides,
             "served_model_name": self.values["served_model_name"],
@@ -90,15 +85,21 @@ def owned_flags(config: Mapping[str, Any]) -> dict[str, str]:
 
 
 def check_extra_args(args: list[str], config: Mapping[str, Any]) -> list[Problem]:
-    removed, owned = config["removed_flag"], owned_flags(config)
+    """Refuse removed, owned and refused flags, also by a prefix: sglang's argparse takes any unique one."""
+    removed, owned, refused = config["removed_flag"], owned_flags(config), config["refused_flag"]
     problems = []
     for arg in args:
         flag = arg.split("=", 1)[0]
+        if not flag.startswith("--"):
+            continue
         if flag in removed:
             problems.append(Problem("GLM5_EXTRA_ARGS", f"{flag} is rejected by sglang 0.5.23", removed[flag]))
-        elif flag in owned:
+        elif full := next((f for f in refused if f.startswith(flag)), None):
+            problems.append(Problem("GLM5_EXTRA_ARGS", f"{flag} is not supported ({full})", refused[full]))
+        elif full := next((f for f in owned if f.startswith(flag)), None):
+            shown = flag if flag == full else f"{flag} (as {full})"
             problems.append(
-                Problem("GLM5_EXTRA_ARGS", f"{flag} is set by the configuration", f"use {owned[flag]}")
+                Problem("GLM5_EXTRA_ARGS", f"{shown} is set by the configuration", f"use {owned[full]}")
             )
     return problems
 

@@ -2,7 +2,7 @@
 # Container entrypoint (PID 1): validate and preflight, then run the server under supervisord.
 #   entrypoint.sh            serve (the default)
 #   entrypoint.sh CMD ...    run CMD instead (e.g. entrypoint/launch --dry-run, bash)
-# Exit codes (entrypoint/report.py): 2 arguments after serve, those of `launch --prepare` (3, 10-42),
+# Exit codes (common/report.py): 2 arguments after serve, those of `launch --prepare` (3, 10-42),
 # 70 when the server went FATAL, else supervisord's.
 set -Eeuo pipefail
 
@@ -10,6 +10,7 @@ GLM5_HOME=${GLM5_HOME:-$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)}
 export GLM5_HOME
 readonly FATAL_EXIT=70 USAGE_EXIT=2
 fatal_file=
+server_config=
 
 log() { printf 'glm5-serve: %s\n' "$*" >&2; }
 
@@ -22,6 +23,7 @@ load_settings() {
   done <<<"$lines"
   mkdir -p "$GLM5_LOG_DIR" "$GLM5_STATE_DIR"
   fatal_file=$("$GLM5_HOME/entrypoint/launch" --state-path fatal)
+  server_config=$("$GLM5_HOME/entrypoint/launch" --state-path server-config.yaml)
 }
 
 # Run a command as a child, so that a stop reaches it at any time (preflight, a download, supervisord):
@@ -29,9 +31,12 @@ load_settings() {
 child=
 stopping=false
 run_child() {
-  local status
+  local status=0
   "$@" &
   child=$!
+  if $stopping; then # a stop that came while it was being started
+    kill -TERM "$child" 2>/dev/null || true
+  fi
   # wait returns early when a trapped signal arrives: wait again until the child has exited.
   while kill -0 "$child" 2>/dev/null; do
     status=0
@@ -53,6 +58,7 @@ on_stop() {
 run_supervisor() {
   local status=0
   run_child supervisord -c "$GLM5_HOME/entrypoint/supervisord.conf" || status=$?
+  rm -f "$server_config" # the key's file, should the server have been killed before removing it
   if [[ -f $fatal_file ]]; then
     log "$(cat "$fatal_file")"
     return "$FATAL_EXIT"
@@ -71,7 +77,9 @@ main() {
   local status=0
   trap on_stop TERM INT
   load_settings
-  run_child "$GLM5_HOME/entrypoint/launch" --prepare || status=$?
+  if ! $stopping; then
+    run_child "$GLM5_HOME/entrypoint/launch" --prepare || status=$?
+  fi
   if $stopping; then
     log "stopped before the server started"
     return 0

@@ -8,7 +8,7 @@
 
     entrypoint/launch --state-path NAME   print the path of a state file (entrypoint/state.py)
 
-Exit codes (entrypoint/report.py): 0 ok, 2 usage, 3 invalid setting, 10-42 preflight, 127 no server program.
+Exit codes (common/report.py): 0 ok, 2 usage, 3 invalid setting, 10-42 preflight, 127 no server program.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def resolve_or_exit() -> config.Effective:
 
 
 def dry_run(effective: config.Effective, as_json: bool) -> int:
-    argv = effective.redacted_argv()
+    argv = effective.argv
     if as_json:
         print(json.dumps(argv))
         return 0
@@ -62,6 +62,7 @@ def dry_run(effective: config.Effective, as_json: bool) -> int:
 def prepare(effective: config.Effective) -> int:
     values = effective.values
     state.clear_fatal(values["state_dir"])
+    state.remove_server_config(values["state_dir"])  # a killed run's copy of the key goes
     if values["download"]:
         try:
             weights.download(values, LOG)
@@ -112,6 +113,10 @@ def server_env(environ: dict[str, str] | os._Environ[str], configured: dict[str,
     them), less the kit's own import path (the thin executables put the kit's folder on PYTHONPATH; the
     server must not import from it)."""
     env = dict(environ) | configured
+    for name, setting in settings.declarations().items():  # the key reaches the server through --config only
+        if setting.kind == "secret":
+            env.pop(name, None)
+            env.pop(f"{name}_FILE", None)
     kept = [
         p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() != Path(KIT_ROOT)
     ]
@@ -128,17 +133,26 @@ def supervise(argv: list[str], env: dict[str, str], secrets: list[str]) -> int:
     group is killed (TP workers holding GPU memory would make the restart run out of memory)."""
     if os.getpgrp() != os.getpid():
         os.setpgid(0, 0)  # lead our own group (supervisord already does this), so only the server's is reaped
-    read_end, write_end = os.pipe()
-    child = subprocess.Popen(argv, env=env, stdout=write_end, stderr=write_end)
-    os.close(write_end)
-    copier = threading.Thread(target=relay.relay, args=(read_end, sys.stdout.fileno(), secrets), daemon=True)
-    copier.start()
+    # Handlers first: a stop that arrives while the server is being spawned is held, then passed on.
+    pending: list[int] = []
+    children: list[subprocess.Popen[bytes]] = []
 
     def forward(signum: int, _frame: object) -> None:
-        child.send_signal(signum)
+        if children:
+            children[0].send_signal(signum)
+        else:
+            pending.append(signum)
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, forward)
+    read_end, write_end = os.pipe()
+    child = subprocess.Popen(argv, env=env, stdout=write_end, stderr=write_end)
+    children.append(child)
+    os.close(write_end)
+    for signum in pending:
+        child.send_signal(signum)
+    copier = threading.Thread(target=relay.relay, args=(read_end, sys.stdout.fileno(), secrets), daemon=True)
+    copier.start()
     code = child.wait()
     leftovers = [pid for pid in group_members(os.getpgrp()) if pid != os.getpid()]
     for pid in leftovers:
@@ -150,6 +164,22 @@ def supervise(argv: list[str], env: dict[str, str], secrets: list[str]) -> int:
             f"server exited ({code}); killed {len(leftovers)} process(es) it left behind: {leftovers}"
         )
     return code if code >= 0 else 128 - code
+
+
+def stop_now(signum: int, _frame: object) -> None:
+    for pid in children_of(os.getpid()):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    os._exit(128 + signum)
+
+
+def children_of(parent: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == parent:
+                found.append(int(stat.parent.name))
+    return found
 
 
 def group_members(pgid: int) -> list[int]:
@@ -206,8 +236,9 @@ def main() -> int:
     if args.dry_run:
         return dry_run(effective, args.json)
     if args.prepare:
-        # A stop during preflight or a download ends it at once; subprocess.run kills what it was running.
-        signal.signal(signal.SIGTERM, lambda _sig, _frame: sys.exit(128 + signal.SIGTERM))
+        # A stop during preflight or a download ends it at once, with what it is running (nvidia-smi, the
+        # parser); a download's worker threads end with the process.
+        signal.signal(signal.SIGTERM, stop_now)
         return prepare(effective)
     if args.supervisor_env:
         return supervisor_env(effective)

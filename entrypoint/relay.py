@@ -8,6 +8,7 @@ the healthcheck) and replaces every secret, including one split across two reads
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable
 
@@ -18,7 +19,9 @@ class Masker:
     """Replace secrets in a byte stream fed in arbitrary pieces."""
 
     def __init__(self, secrets: Iterable[str]) -> None:
-        self.secrets = sorted({s.encode() for s in secrets if s}, key=len, reverse=True)
+        # As written, and as repr() and JSON escape it (SGLang logs its options through repr).
+        forms = {form for s in secrets if s for form in (s, repr(s)[1:-1], json.dumps(s)[1:-1])}
+        self.secrets = sorted((f.encode() for f in forms), key=len, reverse=True)
         self.pending = b""
 
     def feed(self, chunk: bytes) -> bytes:

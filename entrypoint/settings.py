@@ -38,7 +38,8 @@ class Setting:
         self.flag: str | None = spec.get("flag")
         self.where: str = spec.get("where", "container")
         self.choices: list[str] = list(spec.get("choices", []))
-        self.low, self.high = spec.get("min"), spec.get("max")
+        self.low, self.high = (bound(spec.get(k), deployment) for k in ("min", "max"))
+        self.min_length: int = spec.get("min_length", 0)
         self.sets: dict[str, dict[str, Any]] = dict(spec.get("sets", {}))
         self.flags: dict[str, list[str]] = dict(spec.get("flags", {}))
         self.code: int = spec.get("code", INVALID_SETTING)  # the exit code when it is invalid
@@ -124,6 +125,12 @@ class Setting:
         return raw  # text, secret
 
 
+def bound(raw: Any, deployment: Mapping[str, Any]) -> Any:
+    """A bound as declared: a number, or "{key}" for a [deployment] value (the drain bound the grace periods
+    are rendered for, say)."""
+    return type(deployment[raw[1:-1]])(deployment[raw[1:-1]]) if isinstance(raw, str) else raw
+
+
 def load_config(path: Path = CONFIG_PATH) -> dict[str, Any]:
     """glm5.toml, parsed once per process."""
     if path not in _LOADED:
@@ -171,7 +178,13 @@ def resolve(
     for setting in decls.values():
         try:
             if setting.kind == "secret":
-                values[setting.key] = read_secret(environ, setting.name)
+                values[setting.key] = secret = read_secret(environ, setting.name)
+                if secret is not None and len(secret) < setting.min_length:
+                    raise Problem(
+                        setting.name,
+                        f"is {len(secret)} characters long",
+                        f"use at least {setting.min_length} random characters (openssl rand -hex 24)",
+                    )
                 continue
             if setting.default is None:
                 raise Problem(

@@ -161,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run = settings_of_this_run(os.environ)
     except Problems as err:
-        return Log("healthcheck").problems(err.problems, "invalid setting(s)") or INVALID_SETTING
+        Log("healthcheck").problems(err.problems, "invalid setting(s)")
+        return INVALID_SETTING
     args = parse_args(argv, run)
     result = probe(args)
     if args.json:

@@ -41,7 +41,10 @@ SETTINGS = [
     {"GLM5_SPECULATIVE": "mtp"},
     {"GLM5_SPECULATIVE": "mtp", "GLM5_MAX_RUNNING_REQUESTS": "300"},
     {"GLM5_KV_CACHE_DTYPE": "bf16", "GLM5_MEM_FRACTION_STATIC": "0.85", "GLM5_MAX_RUNNING_REQUESTS": "128"},
-    {"GLM5_EXTRA_ARGS": "--enable-torch-compile --torch-compile-max-bs 16", "GLM5_API_KEY": "s3cret"},
+    {
+        "GLM5_EXTRA_ARGS": "--enable-torch-compile --torch-compile-max-bs 16",
+        "GLM5_API_KEY": "s3cret-0123456789abcdef",
+    },
 ]
 
 
@@ -99,10 +102,10 @@ def test_baked_default_expects_52_decode_and_58_prefill_sizes() -> None:
 
 
 def test_dry_run_prints_a_shell_command_and_redacts_the_key() -> None:
-    done = launch("--dry-run", GLM5_API_KEY="s3cret")
+    done = launch("--dry-run", GLM5_API_KEY="s3cret-0123456789abcdef")
     assert done.returncode == 0
     assert done.stdout.startswith("python3 -m sglang.launch_server --model-path /models/GLM-5-NVFP4 ")
-    assert "s3cret" not in done.stdout and "--api-key" not in done.stdout
+    assert "s3cret-0123456789abcdef" not in done.stdout and "--api-key" not in done.stdout
     assert "--config /run/glm5/server-config.yaml" in done.stdout
 
 
@@ -172,10 +175,13 @@ def test_all_errors_are_collected() -> None:
 
 def test_api_key_file_is_read(tmp_path: Path) -> None:
     key = tmp_path / "key"
-    key.write_text("from-file\n")
+    key.write_text("from-file-0123456789\n")
     effective = config.resolve({"GLM5_API_KEY_FILE": str(key)})
-    assert effective.secret_options == {"api-key": "from-file"} and "from-file" not in effective.argv
-    assert "from-file" not in json.dumps(effective.state())
+    assert (
+        effective.secret_options == {"api-key": "from-file-0123456789"}
+        and "from-file-0123456789" not in effective.argv
+    )
+    assert "from-file-0123456789" not in json.dumps(effective.state())
 
 
 def test_serve_writes_state_and_marker_then_execs(tmp_path: Path) -> None:
@@ -263,12 +269,42 @@ def test_the_relay_masks_a_secret_split_across_reads(cut: int) -> None:
 
 
 def test_the_key_goes_to_a_private_config_file_not_the_command_line(tmp_path: Path) -> None:
-    effective = config.resolve({"GLM5_API_KEY": "s3cret", "GLM5_STATE_DIR": str(tmp_path)})
-    assert "s3cret" not in " ".join(effective.argv)
+    effective = config.resolve({"GLM5_API_KEY": "s3cret-0123456789abcdef", "GLM5_STATE_DIR": str(tmp_path)})
+    assert "s3cret-0123456789abcdef" not in " ".join(effective.argv)
     assert effective.argv[-2:] == ["--config", str(tmp_path / "server-config.yaml")]
-    assert "--config" not in effective.public_argv() and effective.secret_options == {"api-key": "s3cret"}
+    assert "--config" not in effective.public_argv() and effective.secret_options == {
+        "api-key": "s3cret-0123456789abcdef"
+    }
     written = state.write_server_config(tmp_path, effective.secret_options)
     assert written.stat().st_mode & 0o777 == 0o600
-    assert yaml.safe_load(written.read_text()) == {"api-key": "s3cret"}
+    assert yaml.safe_load(written.read_text()) == {"api-key": "s3cret-0123456789abcdef"}
     real = oracle({"argvs": [server_args(effective.argv)]})  # sglang's own parser reads it
     assert real["parse"] == [{"ok": True, "error": ""}]
+
+
+def test_the_relay_masks_escaped_forms_of_a_secret() -> None:
+    secret = 'k-\\back"slash-secret'  # repr() and JSON write it escaped
+    masker = relay.Masker([secret])
+    text = f"server_args={{'api_key': {secret!r}}} {json.dumps(secret)} {secret}\n".encode()
+    out = masker.feed(text) + masker.flush()
+    assert b"back" not in out and out.count(relay.MASK) == 3
+
+
+def test_the_server_gets_no_secret_variable(tmp_path: Path) -> None:
+    key = tmp_path / "key"
+    key.write_text("0123456789abcdef0123\n")
+    done = serve_fake(
+        tmp_path,
+        'echo "key=[$GLM5_API_KEY] hf=[$HF_TOKEN]"',
+        GLM5_API_KEY_FILE=str(key),
+        HF_TOKEN="hf_secret_value_x",
+    )
+    assert done.returncode == 0, done.stderr
+    assert "key=[] hf=[]" in done.stdout
+
+
+def test_a_stale_server_config_is_removed_by_prepare(tmp_path: Path) -> None:
+    stale = state.write_server_config(tmp_path, {"api-key": "old-key-from-a-killed-run"})
+    done = launch("--prepare", GLM5_STATE_DIR=str(tmp_path), GLM5_SKIP_PREFLIGHT="all")
+    assert done.returncode == 0, done.stderr
+    assert not stale.exists()

@@ -98,7 +98,30 @@ def test_nothing_listening_times_out() -> None:
 
 def test_the_connection_follows_the_host_settings(tmp_path: Any) -> None:
     key = tmp_path / "key"
-    key.write_text("k\n")
+    key.write_text("k-0123456789abcdef\n")
     conn = readiness.connection({"GLM5_HOST_PORT": "31000", "GLM5_API_KEY_FILE": str(key)})
-    assert conn == readiness.Connection("http://127.0.0.1:31000", "k")
+    assert conn == readiness.Connection("http://127.0.0.1:31000", "k-0123456789abcdef")
     assert readiness.connection({}, "http://h:1/").url == "http://h:1"
+
+
+def test_a_local_target_boots_each_variant_with_its_own_settings_only(tmp_path: Any) -> None:
+    target = readiness.Local(
+        readiness.Connection("http://127.0.0.1:9", None), {"BASE": "1"}, tmp_path / "out"
+    )
+    seen = []
+    original = readiness.subprocess.Popen
+
+    class Recorder:
+        def __init__(self, argv: list[str], env: dict[str, str], **_kw: Any) -> None:
+            seen.append(env)
+
+        def poll(self) -> int:
+            return 0
+
+    readiness.subprocess.Popen = Recorder  # type: ignore[assignment,misc]
+    try:
+        target.boot({"GLM5_MEM_FRACTION_STATIC": "0.85"})
+        target.boot({"GLM5_CUDA_GRAPH_MAX_BS_DECODE": "256"})
+    finally:
+        readiness.subprocess.Popen = original  # type: ignore[misc]
+    assert seen[1] == {"BASE": "1", "GLM5_CUDA_GRAPH_MAX_BS_DECODE": "256"}

@@ -86,9 +86,9 @@ def test_each_setting_owns_its_flag() -> None:
 def test_secrets_come_from_the_variable_or_its_file(tmp_path: Path) -> None:
     key = tmp_path / "dir with space" / "key"
     key.parent.mkdir()
-    key.write_text("s3cret\n")
-    assert settings.resolve({"GLM5_API_KEY_FILE": str(key)})["api_key"] == "s3cret"
-    assert settings.resolve({"GLM5_API_KEY": "direct"})["api_key"] == "direct"
+    key.write_text("s3cret-0123456789abcdef\n")
+    assert settings.resolve({"GLM5_API_KEY_FILE": str(key)})["api_key"] == "s3cret-0123456789abcdef"
+    assert settings.resolve({"GLM5_API_KEY": "direct-0123456789ab"})["api_key"] == "direct-0123456789ab"
     key.write_text("")
     assert problems_of({"GLM5_API_KEY_FILE": str(key)}) == [
         f"GLM5_API_KEY_FILE: {key} is empty; fix: put the secret in it"
@@ -96,12 +96,12 @@ def test_secrets_come_from_the_variable_or_its_file(tmp_path: Path) -> None:
 
 
 def test_no_secret_reaches_the_state_or_the_printed_command(tmp_path: Path) -> None:
-    effective = config.resolve({"GLM5_API_KEY": "s3cret-value"})
+    effective = config.resolve({"GLM5_API_KEY": "s3cret-value-0123456789"})
     assert effective.secret_options == {
-        "api-key": "s3cret-value"
+        "api-key": "s3cret-value-0123456789"
     }  # it reaches the server through --config only
     for shown in (effective.argv, effective.public_argv(), effective.state()):
-        assert "s3cret-value" not in repr(shown)
+        assert "s3cret-value-0123456789" not in repr(shown)
 
 
 def kit_python_files() -> list[Path]:
@@ -190,3 +190,42 @@ def test_debug_lines_only_with_the_switch(
     monkeypatch.setenv("GLM5_DEBUG", "1")
     report.Log("t").debug("shown")
     assert capsys.readouterr().err == "t: debug: shown\n"
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            "--api-ke K",
+            "--api-ke (as --api-key) is set by the configuration",
+        ),  # argparse takes unique prefixes
+        (
+            "--cuda-graph-max-bs-d 256",
+            "--cuda-graph-max-bs-d (as --cuda-graph-max-bs-decode) is set by the configuration",
+        ),
+        ("--admin-api-key K", "--admin-api-key is not supported"),
+        ("--admin-api=K", "--admin-api is not supported"),
+    ],
+)
+def test_extra_args_cannot_reach_an_owned_or_secret_flag_by_a_prefix(extra: str, message: str) -> None:
+    found = problems_of({"GLM5_EXTRA_ARGS": extra})
+    assert len(found) == 1 and message in found[0], found
+
+
+def test_a_drain_above_the_rendered_grace_is_refused() -> None:
+    """compose and the pod are rendered with grace for glm5.toml's drain: a longer one would be killed mid-drain."""
+    found = problems_of({"GLM5_DRAIN_SECONDS": "600"})
+    assert found == ["GLM5_DRAIN_SECONDS: '600' is out of range; fix: use a value in 0..120"]
+    assert config.resolve({"GLM5_DRAIN_SECONDS": "30"}).values["drain_seconds"] == 30
+
+
+def test_the_health_timeout_fits_inside_the_probes_own_timeout() -> None:
+    assert problems_of({"GLM5_HEALTH_TIMEOUT": "30"}) == [
+        "GLM5_HEALTH_TIMEOUT: '30' is out of range; fix: use a value in 3..9"
+    ]
+
+
+def test_a_short_api_key_is_refused() -> None:
+    assert problems_of({"GLM5_API_KEY": "abc"}) == [
+        "GLM5_API_KEY: is 3 characters long; fix: use at least 16 random characters (openssl rand -hex 24)"
+    ]

@@ -71,11 +71,11 @@ def test_smoke_passes_against_the_double(tmp_path: Path, containers: list[Contai
 
 
 def test_smoke_with_an_api_key(tmp_path: Path, containers: list[Container]) -> None:
-    c = start(tmp_path, GLM5_API_KEY="k-123")
+    c = start(tmp_path, GLM5_API_KEY="k-123-0123456789abcdef")
     containers.append(c)
     denied, _ = smoke(c, "--api-key", "wrong")
     assert denied.returncode == 1 and "answered 401" in denied.stdout + denied.stderr
-    ok, _ = smoke(c, "--api-key", "k-123")
+    ok, _ = smoke(c, "--api-key", "k-123-0123456789abcdef")
     assert ok.returncode == 0, ok.stdout
 
 
