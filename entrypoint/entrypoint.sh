@@ -8,7 +8,7 @@ set -Eeuo pipefail
 
 GLM5_HOME=${GLM5_HOME:-$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)}
 export GLM5_HOME
-readonly FATAL_EXIT=70 USAGE_EXIT=2
+readonly FATAL_EXIT=70 USAGE_EXIT=2 INVALID_SETTING_EXIT=3
 fatal_file=
 server_config=
 
@@ -21,7 +21,13 @@ load_settings() {
   while IFS='=' read -r key value; do
     export "$key=$value"
   done <<<"$lines"
-  mkdir -p "$GLM5_LOG_DIR" "$GLM5_STATE_DIR"
+  local dir
+  for dir in GLM5_LOG_DIR GLM5_STATE_DIR; do
+    if ! mkdir -p "${!dir}" 2>/dev/null || [[ ! -w ${!dir} ]]; then
+      log "error: $dir=${!dir}: cannot create it or write to it as UID $(id -u); mount a writable folder there, or set $dir"
+      exit "$INVALID_SETTING_EXIT"
+    fi
+  done
   fatal_file=$("$GLM5_HOME/entrypoint/launch" --state-path fatal)
   server_config=$("$GLM5_HOME/entrypoint/launch" --state-path server-config.yaml)
 }

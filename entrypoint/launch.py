@@ -74,7 +74,14 @@ def prepare(effective: config.Effective) -> int:
             problems,
             f"preflight problem(s); fix them, or skip a check with GLM5_SKIP_PREFLIGHT=<{','.join(settings.declarations()['GLM5_SKIP_PREFLIGHT'].choices)}|all> (logged)",
         )
-    LOG.info("preflight: ok (GPUs, /dev/shm, model folder, FlashInfer patch, server flags)")
+    skipped = values["skip_preflight"]
+    if skipped == set(settings.declarations()["GLM5_SKIP_PREFLIGHT"].choices):
+        LOG.warning(
+            "preflight: every check skipped (GLM5_SKIP_PREFLIGHT=all): nothing about this box was verified"
+        )
+    else:
+        checked = [c for c in settings.declarations()["GLM5_SKIP_PREFLIGHT"].choices if c not in skipped]
+        LOG.info(f"preflight: ok ({', '.join(checked)})")
     return 0
 
 

@@ -297,3 +297,10 @@ def test_download_failure_is_reported(tmp_path: Path) -> None:
         weights.download(values_for(tmp_path / "m"), Log("t"), fail)
     assert "downloading nvidia/GLM-5-NVFP4 failed: no route to host" in str(err.value)
     assert err.value.code == preflight.MODEL_DIR_MISSING and "HF_TOKEN" in err.value.fix
+
+
+def test_preflight_does_not_call_a_fully_skipped_run_ok(tmp_path: Path) -> None:
+    done = run_prepare(tmp_path, "ok-8x-server-580.csv", GLM5_SKIP_PREFLIGHT="all")
+    assert done.returncode == 0, done.stderr
+    assert "preflight: ok" not in done.stderr
+    assert "preflight: every check skipped (GLM5_SKIP_PREFLIGHT=all)" in done.stderr

@@ -294,3 +294,13 @@ def readiness_ok_with_key(port: int, key: str) -> bool:
     )
     with urllib.request.urlopen(request, timeout=10) as response:
         return bool(response.status == 200)
+
+
+def test_an_unwritable_log_dir_is_named_with_its_fix(tmp_path: Path, containers: list[Container]) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    c = start(tmp_path, GLM5_LOG_DIR=str(blocker / "log"))
+    containers.append(c)
+    assert c.proc.wait(timeout=30) == 3
+    out = c.entrypoint_output.read_text()
+    assert f"GLM5_LOG_DIR={blocker / 'log'}: cannot create it" in out and "mount a writable folder" in out
