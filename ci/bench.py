@@ -29,7 +29,7 @@ from typing import Any
 
 from ci import readiness
 from common.report import INVALID_SETTING, USAGE, Log, Problems
-from entrypoint import settings
+from entrypoint import settings, state
 
 ROOT = readiness.ROOT
 BASELINE_TOK_S = 3028.0  # output tok/s, GLM-5-NVFP4 on 8x RTX PRO 6000 at 1024 concurrency
@@ -166,13 +166,11 @@ def context(args: argparse.Namespace, target: readiness.Target | None) -> dict[s
     if isinstance(target, readiness.Compose):
         state_dir = settings.resolve({})["state_dir"]
         versions = target.exec("python3", "-c", VERSIONS_PY).stdout
-        launch = target.exec("cat", f"{state_dir}/launch.json").stdout
+        launch = target.exec("cat", str(state.path(state_dir, state.LAUNCH))).stdout
         return {"versions": readiness.first_json(versions), "configuration": readiness.first_json(launch)}
     out = url_context(args.conn.url)
     if isinstance(target, readiness.Local):
-        out["configuration"] = readiness.first_json(
-            read_text(Path(target.env.get("GLM5_STATE_DIR", "/nonexistent"), "launch.json"))
-        )
+        out["configuration"] = state.read_launch(settings.resolve(target.env)["state_dir"])
     return out
 
 

@@ -21,14 +21,13 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from entrypoint import settings
+from entrypoint import settings, state
+from healthcheck.probe import http_status
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVICE = "glm5"
@@ -48,14 +47,10 @@ def connection(environ: Mapping[str, str], url: str | None = None) -> Connection
     return Connection(base.rstrip("/"), values["api_key"])
 
 
-def http_status(url: str, path: str = "/health", timeout: float = 10) -> int | str:
-    try:
-        with urllib.request.urlopen(url + path, timeout=timeout) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as err:
-        return err.code
-    except (OSError, ValueError) as err:
-        return f"no answer ({getattr(err, 'reason', err)})"
+def log_of(environ: Mapping[str, str]) -> Path | None:
+    """The server log on this machine, when GLM5_LOG_DIR names a folder here."""
+    log_dir = environ.get("GLM5_LOG_DIR", "").strip()
+    return Path(log_dir, state.SERVER_LOG) if log_dir else None
 
 
 def first_json(text: str) -> Any:
@@ -102,8 +97,7 @@ class Url(Target):
     def __init__(self, conn: Connection, environ: Mapping[str, str]) -> None:
         super().__init__(conn)
         self.env = dict(environ)
-        log_dir = environ.get("GLM5_LOG_DIR", "").strip()
-        self.log = Path(log_dir, "server.log") if log_dir else None
+        self.log = log_of(environ)
 
     def state(self) -> dict[str, Any] | None:
         if self.log is None or not self.log.exists():
@@ -145,8 +139,7 @@ class Local(Url):
     def boot(self, env: Mapping[str, str]) -> None:
         self.stop()
         self.env = self.base | dict(env)
-        log_dir = self.env.get("GLM5_LOG_DIR", "").strip()
-        self.log = Path(log_dir, "server.log") if log_dir else None
+        self.log = log_of(self.env)
         with self.output.open("ab") as out:
             self.proc = subprocess.Popen(
                 [str(ROOT / "entrypoint" / "entrypoint.sh")],

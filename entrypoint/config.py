@@ -56,11 +56,13 @@ class Effective:
             )
         return values, sources
 
-    def state(self) -> dict[str, Any]:
-        """What the healthcheck and people read: the effective configuration of this run."""
+    def state(self, environ: Mapping[str, str]) -> dict[str, Any]:
+        """What the healthcheck and people read: the effective configuration of this run under `environ`."""
+        env, env_from = self.server_env(environ)
         return {
             "argv": self.argv,  # holds no secret: those are in the server's config file
-            "env": self.env,
+            "env": env,
+            "env_from": env_from,
             "overrides": self.overrides,
             "served_model_name": self.values["served_model_name"],
             "port": self.values["port"],

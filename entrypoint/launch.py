@@ -69,18 +69,18 @@ def prepare(effective: config.Effective) -> int:
         except Problem as problem:
             return LOG.problems([problem], "problem downloading the weights")
     problems = preflight.run(values, os.environ, LOG, effective.public_argv()[len(config.SERVER_PROGRAM) :])
+    checks = settings.declarations()["GLM5_SKIP_PREFLIGHT"].choices
     if problems:
         return LOG.problems(
             problems,
-            f"preflight problem(s); fix them, or skip a check with GLM5_SKIP_PREFLIGHT=<{','.join(settings.declarations()['GLM5_SKIP_PREFLIGHT'].choices)}|all> (logged)",
+            f"preflight problem(s); fix them, or skip a check with GLM5_SKIP_PREFLIGHT=<{','.join(checks)}|all> (logged)",
         )
-    skipped = values["skip_preflight"]
-    if skipped == set(settings.declarations()["GLM5_SKIP_PREFLIGHT"].choices):
+    checked = [c for c in checks if c not in values["skip_preflight"]]
+    if not checked:
         LOG.warning(
             "preflight: every check skipped (GLM5_SKIP_PREFLIGHT=all): nothing about this box was verified"
         )
     else:
-        checked = [c for c in settings.declarations()["GLM5_SKIP_PREFLIGHT"].choices if c not in skipped]
         LOG.info(f"preflight: ok ({', '.join(checked)})")
     return 0
 
@@ -94,9 +94,7 @@ def serve(effective: config.Effective) -> int:
     if replacement:
         argv = replacement + argv[len(config.SERVER_PROGRAM) :]
     started_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    env, env_from = effective.server_env(os.environ)
-    record = effective.state() | {"env": env, "env_from": env_from}
-    record |= {"start": start, "pid": os.getpid(), "started_at": started_at}
+    record = effective.state(os.environ) | {"start": start, "pid": os.getpid(), "started_at": started_at}
     state.write_launch(state_dir, record)
     marker = state.marker_line(
         start, started_at, os.getpid(), record["decode_expected"], record["prefill_expected"]
@@ -110,7 +108,7 @@ def serve(effective: config.Effective) -> int:
     if effective.secret_options:
         state.write_server_config(state_dir, effective.secret_options)
     try:
-        return supervise(argv, server_env(os.environ, env), effective.secrets())
+        return supervise(argv, server_env(os.environ, record["env"]), effective.secrets())
     finally:
         state.remove_server_config(state_dir)
 
@@ -161,7 +159,7 @@ def supervise(argv: list[str], env: dict[str, str], secrets: list[str]) -> int:
     copier = threading.Thread(target=relay.relay, args=(read_end, sys.stdout.fileno(), secrets), daemon=True)
     copier.start()
     code = child.wait()
-    leftovers = [pid for pid in group_members(os.getpgrp()) if pid != os.getpid()]
+    leftovers = [pid for pid in processes(pgid=os.getpgrp()) if pid != os.getpid()]
     for pid in leftovers:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
@@ -174,29 +172,25 @@ def supervise(argv: list[str], env: dict[str, str], secrets: list[str]) -> int:
 
 
 def stop_now(signum: int, _frame: object) -> None:
-    for pid in children_of(os.getpid()):
+    for pid in processes(ppid=os.getpid()):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     os._exit(128 + signum)
 
 
-def children_of(parent: int) -> list[int]:
+def processes(ppid: int | None = None, pgid: int | None = None) -> list[int]:
+    """Live (not zombie) processes with this parent or in this process group, from /proc/PID/stat."""
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         with contextlib.suppress(OSError, IndexError, ValueError):
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == parent:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # state, ppid, pgrp, ...
+            if (
+                fields[0] != "Z"
+                and (ppid is None or int(fields[1]) == ppid)
+                and (pgid is None or int(fields[2]) == pgid)
+            ):
                 found.append(int(stat.parent.name))
     return found
-
-
-def group_members(pgid: int) -> list[int]:
-    members = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                members.append(int(stat.parent.name))
-    return members
 
 
 SUPERVISOR_KEYS = (

@@ -23,6 +23,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+SERVER_LOG = (
+    "server.log"  # in GLM5_LOG_DIR: written by supervisord (the server's output), read by the healthcheck
+)
 LAUNCH = "launch.json"
 CAPTURE = "capture.json"
 STARTS = "starts"

@@ -66,12 +66,13 @@ def pid_alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def http_health(url: str, timeout: float) -> int | str:
+def http_status(url: str, path: str = "/health", timeout: float = 10) -> int | str:
+    """The status an endpoint answers, or why there was no answer."""
     import urllib.error  # only here: importing urllib costs more than the rest of a probe
     import urllib.request
 
     try:
-        with urllib.request.urlopen(f"{url}/health", timeout=timeout) as response:
+        with urllib.request.urlopen(f"{url}{path}", timeout=timeout) as response:
             return int(response.status)
     except urllib.error.HTTPError as err:
         return err.code
@@ -123,7 +124,7 @@ def parse_args(argv: list[str] | None, run: dict[str, Any]) -> argparse.Namespac
         parser.error(
             f"--timeout {args.timeout}: /health sleeps 1 s and then generates a token; use 3 s or more"
         )
-    args.log_path = args.log or Path(run["log_dir"]) / "server.log"
+    args.log_path = args.log or Path(run["log_dir"]) / state.SERVER_LOG
     return args
 
 
@@ -151,7 +152,7 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
     alive = pid_alive(int(current["pid"])) if current and current.get("pid") else None
     http = None
     if phase.log_says_ready(scan) and not args.no_http:
-        http = http_health(args.url, args.timeout)
+        http = http_status(args.url, "/health", args.timeout)
     result = phase.decide(scan, expected, alive, args.accept_partial, http)
     result["log"] = str(args.log_path)
     return result

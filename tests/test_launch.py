@@ -95,10 +95,10 @@ def test_decode_sizes_match_sglangs_rule(rendered: list[config.Effective], real:
 
 
 def test_baked_default_expects_52_decode_and_58_prefill_sizes() -> None:
-    state = config.resolve({}).state()
+    state = config.resolve({}).state({})
     assert state["decode_expected"] == 52
     assert state["prefill_expected"] == 58
-    assert config.resolve({"GLM5_SPECULATIVE": "mtp"}).state()["decode_expected"] == 23
+    assert config.resolve({"GLM5_SPECULATIVE": "mtp"}).state({})["decode_expected"] == 23
 
 
 def test_dry_run_prints_a_shell_command_and_redacts_the_key() -> None:
@@ -181,7 +181,7 @@ def test_api_key_file_is_read(tmp_path: Path) -> None:
         effective.secret_options == {"api-key": "from-file-0123456789"}
         and "from-file-0123456789" not in effective.argv
     )
-    assert "from-file-0123456789" not in json.dumps(effective.state())
+    assert "from-file-0123456789" not in json.dumps(effective.state({}))
 
 
 def test_serve_writes_state_and_marker_then_execs(tmp_path: Path) -> None:

@@ -100,7 +100,7 @@ def test_no_secret_reaches_the_state_or_the_printed_command(tmp_path: Path) -> N
     assert effective.secret_options == {
         "api-key": "s3cret-value-0123456789"
     }  # it reaches the server through --config only
-    for shown in (effective.argv, effective.public_argv(), effective.state()):
+    for shown in (effective.argv, effective.public_argv(), effective.state({})):
         assert "s3cret-value-0123456789" not in repr(shown)
 
 
