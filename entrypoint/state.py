@@ -33,7 +33,9 @@ FATAL = "fatal"
 SERVER_CONFIG = "server-config.yaml"
 FILES = (STARTS, LAUNCH, CAPTURE, FATAL, SERVER_CONFIG)
 MARKER_TEXT = "glm5-serve: server start #"
-MARKER = re.compile(rb"glm5-serve: server start #(\d+) at (\S+)")
+MARKER = re.compile(
+    rb"glm5-serve: server start #(\d+) at (\S+)(?: pid \d+: decode graphs expected (\d+), prefill (\d+))?"
+)
 
 
 def marker_line(start: int, started_at: str, pid: int, decode_expected: int, prefill_expected: int) -> str:

@@ -62,6 +62,7 @@ class Scan:
     def __init__(self, bytes_read: int = 0, **facts: object) -> None:
         self.start: int | None = None
         self.started_at: str | None = None
+        self.marker_expected: tuple[int, int] | None = None  # (decode, prefill) the kit's marker announced
         self.seen: set[str] = set()
         self.prefill_list: list[int] | None = None
         self.decode_list: list[int] | None = None
@@ -94,6 +95,8 @@ def scan(data: bytes) -> Scan:
         marker = MARKER.search(data, at)
         if marker is not None:
             result.start, result.started_at = int(marker.group(1)), marker.group(2).decode()
+            if marker.group(3) is not None:
+                result.marker_expected = (int(marker.group(3)), int(marker.group(4)))
             data = data[marker.end() :]
     for begin, end in event_lines(data):
         line = data[begin:end]

@@ -53,11 +53,14 @@ def worth_keeping(scan: Scan) -> dict[str, Any] | None:
 def expected_counts(
     scan: Scan, launch: dict[str, Any] | None, configured: tuple[int | None, int | None] | None
 ) -> tuple[int | None, int | None]:
-    """(decode, prefill) graph counts to expect: the current start's launch.json, else the lists the log
-    printed (older formats), else the configuration (`configured`, None when the probe has none)."""
+    """(decode, prefill) graph counts to expect: the current start's launch.json, else the counts its start
+    marker announced, else the lists the log printed (older formats), else the configuration (`configured`,
+    None when the probe has none)."""
     decode = prefill = None
     if launch is not None and launch.get("start") == scan.start:
         decode, prefill = launch.get("decode_expected"), launch.get("prefill_expected")
+    elif scan.marker_expected is not None:
+        decode, prefill = scan.marker_expected
     elif scan.decode_list or scan.prefill_list:
         decode = len(scan.decode_list) if scan.decode_list else None
         prefill = len(scan.prefill_list) if scan.prefill_list else None
@@ -123,6 +126,22 @@ def decide(
                     "max running requests in the log), or accept it with --accept-partial-capture / GLM5_ACCEPT_PARTIAL_CAPTURE=1"
                 ),
             }
+    prefill_done = "prefill_end" in scan.seen
+    if (
+        prefill_done
+        and expected[1] is not None
+        and prefill_captured is not None
+        and prefill_captured < expected[1]
+        and not accept_partial
+    ):
+        return out | {
+            "phase": "failed",
+            "reason": (
+                f"prefill CUDA graphs: captured {prefill_captured} token shapes, expected {expected[1]}; check "
+                "--chunked-prefill-size and --cuda-graph-max-bs-prefill in the log, or accept it with "
+                "--accept-partial-capture / GLM5_ACCEPT_PARTIAL_CAPTURE=1"
+            ),
+        }
     if log_says_ready(scan):
         if http is None or http == 200:
             return out | {"phase": "ready"}

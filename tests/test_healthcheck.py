@@ -128,6 +128,20 @@ def test_fewer_decode_sizes_than_configured_fails_unless_accepted(tmp_path: Path
     assert code == 0
 
 
+def test_fewer_prefill_shapes_than_configured_fails_unless_accepted(tmp_path: Path) -> None:
+    text = (LOGS / "sglang-0.5.23-rendered-from-source.log").read_text()
+    short = text.replace(", 7168, 7680, 8192]", "]")
+    assert short != text
+    # The kit's start marker says what the start expects (the server's own list would agree with itself).
+    marker = state.marker_line(1, "2026-11-30T10:00:00+00:00", 7, 52, 58)
+    log = write_partial(tmp_path, marker + "\n" + short)
+    code, found = probe("--log", str(log), "--no-http")
+    assert code == 1 and found["phase"] == "failed"
+    assert "captured 55 token shapes, expected 58" in found["reason"]
+    code, found = probe("--log", str(log), "--no-http", "--accept-partial-capture")
+    assert code == 0 and found["phase"] == "ready"
+
+
 def test_expected_counts_follow_the_configuration(tmp_path: Path) -> None:
     log = write_partial(tmp_path, (LOGS / "sglang-0.5.23-rendered-from-source.log").read_text())
     code, state = probe("--log", str(log), "--no-http", GLM5_CUDA_GRAPH_MAX_BS_DECODE="1024")

@@ -139,6 +139,7 @@ def test_the_start_marker_is_written_and_read_by_one_module() -> None:
         b"old run\n===== glm5-serve: server start #6 at 2026-11-30T09:00:00+00:00 x\n" + line.encode() + b"\n"
     )
     assert (scan.start, scan.started_at) == (7, "2026-11-30T10:00:00+00:00")
+    assert scan.marker_expected == (52, 58)
 
 
 def test_state_files_are_named_once(tmp_path: Path) -> None:
