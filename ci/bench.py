@@ -52,6 +52,7 @@ class Workload:
     num_prompts: int = 4096
     dataset: str = "random-ids"
     range_ratio: float = 1.0
+    dataset_path: str = ""  # random: a local ShareGPT JSON; empty: bench_serving downloads it from the Hub
 
     def validate(self) -> list[str]:
         errors = [
@@ -59,8 +60,10 @@ class Workload:
             for k, v in asdict(self).items()
             if isinstance(v, int | float) and v <= 0
         ]
+        if self.dataset_path and self.dataset != "random":
+            errors.append(f"dataset_path={self.dataset_path!r}: only the random dataset reads one")
         if self.dataset not in ("random-ids", "random"):
-            errors.append(f"dataset={self.dataset!r}: use random-ids (offline) or random (needs ShareGPT)")
+            errors.append(f"dataset={self.dataset!r}: use random-ids (offline) or random (ShareGPT)")
         return errors
 
 
@@ -80,6 +83,7 @@ def bench_argv(
         "--dataset-name", w.dataset, "--random-input-len", str(w.input_len), "--random-output-len", str(w.output_len),
         "--random-range-ratio", str(w.range_ratio), "--num-prompts", str(w.num_prompts),
         "--max-concurrency", str(w.concurrency), "--tokenizer", tokenizer, "--model", model, "--output-file", output,
+        *(["--dataset-path", w.dataset_path] if w.dataset_path else []),
     ]  # fmt: skip
 
 
@@ -137,9 +141,12 @@ def read_text(path: Path) -> str:
         return ""
 
 
-def bench_env(conn: readiness.Connection) -> dict[str, str]:
-    """bench_serving sends $OPENAI_API_KEY as the bearer key (sglang/benchmark/serving.py)."""
-    return {"HF_HUB_OFFLINE": "1"} | ({"OPENAI_API_KEY": conn.api_key} if conn.api_key else {})
+def bench_env(conn: readiness.Connection, w: Workload) -> dict[str, str]:
+    """bench_serving sends $OPENAI_API_KEY as the bearer key (sglang/benchmark/serving.py). random-ids needs no
+    file: offline, so nothing is fetched by surprise; random samples ShareGPT (benchmark/datasets/random.py),
+    from --dataset-path or downloaded from the Hub, so it keeps the network."""
+    offline = {"HF_HUB_OFFLINE": "1"} if w.dataset == "random-ids" else {}
+    return offline | ({"OPENAI_API_KEY": conn.api_key} if conn.api_key else {})
 
 
 def bench_in_container(target: readiness.Compose, w: Workload, model: str) -> str:
@@ -150,10 +157,10 @@ def bench_in_container(target: readiness.Compose, w: Workload, model: str) -> st
     argv = bench_argv(
         ["python3"], f"http://127.0.0.1:{values['port']}", w, values["model_dir"], model, output
     )
-    keys = [f"--env={k}" for k in bench_env(target.conn)]  # values come from this process's environment
+    keys = [f"--env={k}" for k in bench_env(target.conn, w)]  # values come from this process's environment
     done = subprocess.run(
         ["docker", "compose", *target.files, "exec", "-T", *keys, readiness.SERVICE, *argv],
-        cwd=readiness.ROOT, capture_output=True, text=True, env=os.environ | bench_env(target.conn), check=False,
+        cwd=readiness.ROOT, capture_output=True, text=True, env=os.environ | bench_env(target.conn, w), check=False,
     )  # fmt: skip
     if done.returncode != 0:
         raise BenchError(
@@ -168,25 +175,36 @@ def context(args: argparse.Namespace, target: readiness.Target | None) -> dict[s
         versions = target.exec("python3", "-c", VERSIONS_PY).stdout
         launch = target.exec("cat", str(state.path(state_dir, state.LAUNCH))).stdout
         return {"versions": readiness.first_json(versions), "configuration": readiness.first_json(launch)}
-    out = url_context(args.conn.url)
+    out = url_context(args.conn)
     if isinstance(target, readiness.Local):
         out["configuration"] = state.read_launch(settings.resolve(target.env)["state_dir"])
     return out
 
 
-def url_context(url: str) -> dict[str, Any]:
+SECRET_ARGS = ("api_key", "admin_api_key")
+
+
+def url_context(conn: readiness.Connection) -> dict[str, Any]:
+    """What a running server says of itself: /server_info (0.5.23: the resolved server args, the launch command
+    and the version; behind the API key), less its secrets. The other packages' versions are not reported."""
+    request = urllib.request.Request(f"{conn.url}/server_info")
+    if conn.api_key:
+        request.add_header("Authorization", f"Bearer {conn.api_key}")
     try:
-        with urllib.request.urlopen(f"{url}/server_info", timeout=10) as r:
+        with urllib.request.urlopen(request, timeout=10) as r:
             info = json.loads(r.read())
-    except (OSError, ValueError):
-        return {"versions": None}
+    except (OSError, ValueError) as err:
+        return {"versions": None, "configuration": None, "context_error": f"/server_info: {err}"}
+    if not isinstance(info, dict):
+        return {"versions": None, "configuration": None, "context_error": "/server_info: not a JSON object"}
+    configuration = {
+        k: ("(redacted)" if k in SECRET_ARGS and v else v)
+        for k, v in info.items()
+        if k not in ("version", "internal_states", "launch_command")
+    }
     return {
-        "versions": {"sglang": info.get("version")},
-        "server_info": {
-            k: info.get(k)
-            for k in ("tp_size", "kv_cache_dtype", "cuda_graph_max_bs_decode", "mem_fraction_static")
-            if k in info
-        },
+        "versions": {"sglang": info.get("version"), "others": "not reported by /server_info"},
+        "configuration": configuration,
     }
 
 
@@ -197,7 +215,7 @@ def run_bench_locally(args: argparse.Namespace, w: Workload, model: str) -> str:
     log = args.out / f".bench-{os.getpid()}.log"
     with log.open("w") as fh:
         done = subprocess.run(
-            argv, stdout=fh, stderr=subprocess.STDOUT, env=os.environ | bench_env(args.conn), check=False
+            argv, stdout=fh, stderr=subprocess.STDOUT, env=os.environ | bench_env(args.conn, w), check=False
         )
     if done.returncode != 0:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
@@ -336,7 +354,7 @@ def sweep(args: argparse.Namespace) -> int:
 
 
 def override_workload(w: Workload, args: argparse.Namespace) -> Workload:
-    for key in ("concurrency", "input_len", "output_len", "num_prompts", "dataset"):
+    for key in ("concurrency", "input_len", "output_len", "num_prompts", "dataset", "dataset_path"):
         value = getattr(args, key)
         if value is not None:
             setattr(w, key, value)
@@ -393,12 +411,13 @@ def main() -> int:
     p.add_argument("--output-len", type=int)
     p.add_argument("--num-prompts", type=int)
     p.add_argument("--dataset", choices=["random-ids", "random"])
+    p.add_argument("--dataset-path", help="with --dataset random: a local ShareGPT JSON (else downloaded)")
     p.add_argument("--timeout", type=float, default=3600, help="seconds for a variant to become healthy")
     p.add_argument("--poll", type=float, default=10)
     p.add_argument("--stop-timeout", type=float, default=180)
     args = p.parse_args()
     try:
-        values = settings.resolve(os.environ, where="ci")
+        values = settings.resolve(settings.host_environment(os.environ, readiness.ROOT), where="ci")
         args.conn = readiness.connection(os.environ, args.url)
     except Problems as err:
         return Log("ci/bench").problems(err.problems) or INVALID_SETTING

@@ -41,8 +41,9 @@ class Connection:
 
 
 def connection(environ: Mapping[str, str], url: str | None = None) -> Connection:
-    """The server's base URL (default: this host's published port) and API key; raises report.Problems."""
-    values = settings.resolve(environ, where="ci")
+    """The server's base URL (default: this host's published port) and API key; raises report.Problems.
+    Host settings come from the kit's .env as docker compose reads them, the shell winning."""
+    values = settings.resolve(settings.host_environment(environ, ROOT), where="ci")
     base = url or f"http://127.0.0.1:{values['host_port']}"
     return Connection(base.rstrip("/"), values["api_key"])
 
@@ -132,7 +133,9 @@ class Local(Url):
         self, conn: Connection, environ: Mapping[str, str], output: Path, stop_timeout: float = 180
     ) -> None:
         super().__init__(conn, environ)
-        self.base = dict(environ)  # each boot is this plus its own settings, never an earlier boot's
+        # Each boot is this plus its own settings, never an earlier boot's; as in a container, the host-side
+        # settings (the ci tools' own, docker compose's) stay outside.
+        self.base = settings.container_environment(environ)
         self.output, self.stop_timeout = output, stop_timeout
         self.proc: subprocess.Popen[bytes] | None = None
 

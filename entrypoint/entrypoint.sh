@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Container entrypoint (PID 1): validate and preflight, then run the server under supervisord.
 #   entrypoint.sh            serve (the default)
+#   entrypoint.sh download   download the weights into the model folder and check them (entrypoint/download)
 #   entrypoint.sh CMD ...    run CMD instead (e.g. entrypoint/launch --dry-run, bash)
 # Exit codes (common/report.py): 2 arguments after serve, those of `launch --prepare` (3, 10-42),
 # 70 when the server went FATAL, else supervisord's.
@@ -73,7 +74,9 @@ run_supervisor() {
 }
 
 main() {
-  if [[ $# -gt 0 && $1 != serve ]]; then
+  if [[ ${1:-} == download ]]; then
+    exec "$GLM5_HOME/entrypoint/download" "${@:2}"
+  elif [[ $# -gt 0 && $1 != serve ]]; then
     exec "$@"
   fi
   if [[ $# -gt 1 ]]; then

@@ -1,7 +1,7 @@
 """Render and run the SGLang server from entrypoint/glm5.toml and the GLM5_* overrides.
 
     entrypoint/launch --dry-run [--json]   print the server command (or its argv as JSON), touch nothing
-    entrypoint/launch --prepare            validate, download if GLM5_DOWNLOAD=1, run preflight
+    entrypoint/launch --prepare            validate, run preflight
     entrypoint/launch --serve              write the run state and a start marker, run the server
     entrypoint/launch --reference          print the configuration reference (markdown)
     entrypoint/launch --supervisor-env     print the GLM5_* settings supervisord.conf expands
@@ -26,8 +26,8 @@ import sys
 import threading
 from pathlib import Path
 
-from common.report import INVALID_SETTING, NO_SERVER_PROGRAM, Log, Problem, Problems
-from entrypoint import config, preflight, relay, settings, state, weights
+from common.report import INVALID_SETTING, NO_SERVER_PROGRAM, Log, Problems
+from entrypoint import config, preflight, relay, settings, state
 
 LOG = Log("glm5-serve")
 KIT_ROOT = str(Path(__file__).resolve().parent.parent)
@@ -39,8 +39,6 @@ def resolve_or_exit() -> config.Effective:
     except Problems as err:
         LOG.problems(err.problems)
         sys.exit(INVALID_SETTING)
-    for warning in settings.elsewhere(os.environ):
-        LOG.warning(warning)
     return effective
 
 
@@ -63,11 +61,6 @@ def prepare(effective: config.Effective) -> int:
     values = effective.values
     state.clear_fatal(values["state_dir"])
     state.remove_server_config(values["state_dir"])  # a killed run's copy of the key goes
-    if values["download"]:
-        try:
-            weights.download(values, LOG)
-        except Problem as problem:
-            return LOG.problems([problem], "problem downloading the weights")
     problems = preflight.run(values, os.environ, LOG, effective.public_argv()[len(config.SERVER_PROGRAM) :])
     checks = settings.declarations()["GLM5_SKIP_PREFLIGHT"].choices
     if problems:
@@ -220,7 +213,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(prog="entrypoint/launch", description=__doc__.split("\n\n")[0])
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--dry-run", action="store_true", help="print the server command and exit")
-    mode.add_argument("--prepare", action="store_true", help="validate, download (opt-in), preflight")
+    mode.add_argument("--prepare", action="store_true", help="validate, preflight")
     mode.add_argument("--serve", action="store_true", help="run the server (run by supervisord)")
     mode.add_argument("--reference", action="store_true", help="print the configuration reference")
     mode.add_argument(

@@ -49,8 +49,10 @@ SERVER_FLAGS = 42
 
 def download_hint(values: Mapping[str, Any]) -> str:
     return (
-        f"download it on the host with `hf download {values['model_repo']} --local-dir <host folder>` "
-        f"and mount that folder at {values['model_dir']} (or set GLM5_DOWNLOAD=1 to fetch it in the container)"
+        "download the weights before the start: with compose `docker compose run --rm glm5 download` (into "
+        f"GLM5_MODEL_HOST_DIR, default {values['model_host_dir']}), or on the host `hf download "
+        f"{values['model_repo']} --local-dir <GLM5_MODEL_HOST_DIR>`; on Kubernetes the weights Job "
+        "(k8s/job-weights.yaml)"
     )
 
 
@@ -200,6 +202,15 @@ def check_model(values: Mapping[str, Any]) -> list[Problem]:
         return [
             Problem(
                 "GLM5_MODEL_DIR", f"{model} does not exist: {download_hint(values)}", code=MODEL_DIR_MISSING
+            )
+        ]
+    if not any(model.iterdir()):
+        return [
+            Problem(
+                "GLM5_MODEL_HOST_DIR",
+                f"{model} is empty (Docker creates an empty folder when the host folder GLM5_MODEL_HOST_DIR does "
+                f"not exist): {download_hint(values)}",
+                code=MODEL_DIR_MISSING,
             )
         ]
     findings: list[Problem] = []

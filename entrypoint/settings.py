@@ -43,6 +43,9 @@ class Setting:
         self.sets: dict[str, dict[str, Any]] = dict(spec.get("sets", {}))
         self.flags: dict[str, list[str]] = dict(spec.get("flags", {}))
         self.code: int = spec.get("code", INVALID_SETTING)  # the exit code when it is invalid
+        # Rendered into the deployment files (compose, k8s/, ci tools): another value at run time would
+        # disagree with them, so it is refused unless a replaced server program runs outside them.
+        self.rendered: str | None = spec.get("rendered")
         if "default" in spec:
             self.default: str | None = str(spec["default"]).format(**deployment)
         elif self.key in deployment:
@@ -194,9 +197,29 @@ def resolve(
                 setting.default, f"glm5.toml [setting.{setting.name}] default"
             )
             raw = environ.get(setting.name, "")
-            # Inside the container only its own settings apply; the host-side tools read them all.
-            if raw.strip() and (setting.where == "container" or where != "container"):
-                values[setting.key] = setting.parse(raw)
+            if not raw.strip():
+                continue
+            if setting.where != "container" and where == "container":
+                raise Problem(
+                    setting.name,
+                    f"is read by {READ_BY[setting.where]}, not inside the container: set here (glm5.env, the "
+                    "pod's env) it would have no effect",
+                    f"move it to {HOME_OF[setting.where]}",
+                )
+            value = setting.parse(raw)
+            if (
+                setting.rendered
+                and where == "container"
+                and value != values[setting.key]
+                and not environ.get("GLM5_SERVER_PROGRAM", "").strip()
+            ):
+                raise Problem(
+                    setting.name,
+                    f"{raw.strip()} differs from {values[setting.key]}, the value rendered into {setting.rendered}",
+                    f"unset it; to change it everywhere, edit [deployment].{setting.key} in entrypoint/glm5.toml, "
+                    "run ci/render and rebuild",
+                )
+            values[setting.key] = value
         except Problem as problem:
             problems.append(problem)
     problems += unknown_or_removed(environ, decls, config.get("removed_setting", {}))
@@ -230,14 +253,44 @@ def unknown_or_removed(
     return problems
 
 
-def elsewhere(environ: Mapping[str, str], where: str = "container") -> list[str]:
-    """Settings set here that are read elsewhere (GLM5_HOST_PORT inside the container, say): warnings."""
-    return [
-        f"{s.name} is read by {'docker compose on the host' if s.where == 'host' else 'the ci/ tools'}, "
-        f"not in the {where}: it has no effect here"
-        for s in declarations().values()
-        if s.where != where and environ.get(s.name, "").strip()
-    ]
+READ_BY = {"host": "docker compose on the host", "ci": "the ci/ tools on the host"}
+HOME_OF = {
+    "host": ".env beside docker-compose.yml (cp .env.example .env), or the shell that runs docker compose",
+    "ci": "the shell that runs the ci/ tool, or .env beside docker-compose.yml",
+}
+DOTENV_LINE = re.compile(r"\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.*?)\s*")
+
+
+def read_dotenv(path: Path) -> dict[str, str]:
+    """The KEY=VALUE lines of a compose .env file (comments, blank lines, `export` and one level of matching
+    quotes as compose reads them); a missing file is empty."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return {}
+    values = {}
+    for line in text.splitlines():
+        m = DOTENV_LINE.fullmatch(line)
+        if m is None or line.lstrip().startswith("#"):
+            continue
+        value = m.group(2)
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        elif " #" in value:
+            value = value.split(" #", 1)[0].rstrip()
+        values[m.group(1)] = value
+    return values
+
+
+def container_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """`environ` less the settings read on the host: what a container started from it would see."""
+    outside = {s.name for s in declarations().values() if s.where != "container"}
+    return {k: v for k, v in environ.items() if k not in outside}
+
+
+def host_environment(environ: Mapping[str, str], root: Path) -> dict[str, str]:
+    """What the host-side tools read, as docker compose does: the kit's .env, then the shell, which wins."""
+    return read_dotenv(root / ".env") | dict(environ)
 
 
 def reference(config: Mapping[str, Any] | None = None) -> str:

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import ROOT
 from entrypoint import settings
@@ -92,17 +93,55 @@ def test_compose_validator_can_fail(tmp_path: Path) -> None:
     assert run(tool("docker-compose"), "-f", str(bad), "config", "-q").returncode != 0
 
 
-def test_kubernetes_manifests_validate_strictly() -> None:
-    done = run(
-        tool("kubernetes-validate"),
-        "--strict",
-        "-k",
-        "1.30",
-        "k8s/pod.yaml",
-        "k8s/service.yaml",
-        "k8s/pvc-weights.yaml",
-    )
+def kustomized(folder: Path = ROOT / "k8s") -> str:
+    done = run("kubectl", "kustomize", str(folder))
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_kubernetes_manifests_validate_strictly(tmp_path: Path) -> None:
+    """What `kubectl apply -k k8s/` applies: every object, after kustomize, passes the strict validator."""
+    built = tmp_path / "k8s.yaml"
+    built.write_text(kustomized())
+    kinds = [d["kind"] for d in yaml.safe_load_all(built.read_text())]
+    assert sorted(kinds) == ["Job", "PersistentVolumeClaim", "PersistentVolumeClaim", "Pod", "Service"]
+    done = run(tool("kubernetes-validate"), "--strict", "-k", "1.30", str(built))
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_kubernetes_image_is_one_setting_and_defaults_to_the_built_one(tmp_path: Path) -> None:
+    objects = list(yaml.safe_load_all(kustomized()))
+    specs = [o["spec"]["template"]["spec"] if o["kind"] == "Job" else o["spec"] for o in objects]
+    images = {
+        c["image"] for s in specs if "containers" in s for c in s["containers"] + s.get("initContainers", [])
+    }
+    assert images == {settings.load_config()["deployment"]["image"]}
+    # One edit moves every container to a pushed image.
+    copy = tmp_path / "k8s"
+    shutil.copytree(ROOT / "k8s", copy)
+    kust = copy / "kustomization.yaml"
+    kust.write_text(
+        kust.read_text().replace("newName: glm5-serve", "newName: registry.example.com/ml/glm5-serve")
+    )
+    moved = {line.split("image:")[1].strip() for line in kustomized(copy).splitlines() if "image:" in line}
+    assert moved == {"registry.example.com/ml/glm5-serve:0.1.0"}
+
+
+def test_weights_are_filled_by_a_job_and_read_only_to_the_server() -> None:
+    objects = {o["kind"]: o for o in yaml.safe_load_all(kustomized())}
+    job = objects["Job"]["spec"]["template"]["spec"]
+    (download,) = job["containers"]
+    assert download["args"] == ["download"]
+    token = next(e for e in download["env"] if e["name"] == "HF_TOKEN")["valueFrom"]["secretKeyRef"]
+    assert token["optional"] is True  # public repositories need no token
+    pod = objects["Pod"]["spec"]
+    (init,) = pod["initContainers"]
+    assert init["args"] == ["/opt/glm5/entrypoint/download", "--wait"]
+    for container in (init, pod["containers"][0]):
+        mount = next(m for m in container["volumeMounts"] if m["name"] == "weights")
+        assert mount["readOnly"] is True
+    claim = next(o for o in yaml.safe_load_all(kustomized()) if o["metadata"]["name"] == "glm5-weights")
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
 
 
 def test_kubernetes_validator_can_fail(tmp_path: Path) -> None:
@@ -152,7 +191,7 @@ def test_github_workflows_validate() -> None:
     done = run(tool("check-jsonschema"), "--builtin-schema", "vendor.github-workflows", *workflows)
     assert done.returncode == 0, done.stdout + done.stderr
     ci = (ROOT / ".github/workflows/ci.yml").read_text()
-    assert "run: .ci/run" in ci
+    assert "run: ci/test" in ci  # the README's test command (tests/test_workflows.py checks the rest)
     gpu = (ROOT / ".github/workflows/gpu-smoke.yml").read_text()
     assert "self-hosted" in gpu and "ci/smoke" in gpu and "docker compose build glm5" in gpu
 

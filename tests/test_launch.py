@@ -146,7 +146,7 @@ def test_real_parser_rejects_what_check_extra_args_refuses() -> None:
         ({"GLM5_SERVED_MODEL_NAME": "glm 5"}, "GLM5_SERVED_MODEL_NAME: 'glm 5' is not a name"),
         ({"GLM5_CUDA_GRAPH_MAX_BS_DECODE": "0"}, "use a value in 1..1024"),
         ({"GLM5_HEALTH_TIMEOUT": "abc"}, "GLM5_HEALTH_TIMEOUT: 'abc' is not a number"),
-        ({"GLM5_DOWNLOAD": "maybe"}, "GLM5_DOWNLOAD: 'maybe' is not a yes/no value; fix: use 1 or 0"),
+        ({"GLM5_ACCEPT_PARTIAL_CAPTURE": "maybe"}, "'maybe' is not a yes/no value; fix: use 1 or 0"),
         (
             {"GLM5_MEM_FRACTION": "0.8"},
             "GLM5_MEM_FRACTION: is not a setting of glm5-serve; fix: did you mean GLM5_MEM_FRACTION_STATIC?",

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from common.report import Log, Problem, Problems
+from common.report import Log, Problems
 from conftest import ROOT
 from entrypoint import config, preflight, settings, weights
 
@@ -277,30 +280,104 @@ def test_prepare_passes_on_a_good_box(tmp_path: Path) -> None:
     assert "preflight: ok" in done.stderr
 
 
-def test_opt_in_download_fetches_into_the_model_dir(tmp_path: Path) -> None:
+DOWNLOAD = ROOT / "entrypoint" / "download"
+HF_BIN = ROOT / ".venv-bench" / "bin"  # the image's huggingface_hub (1.33.0) and its `hf` command
+
+
+def run_download(env: dict[str, str], *prefix: str) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("GLM5_", "HF_"))}
+    base["PATH"] = f"{HF_BIN}:{base['PATH']}"
+    return subprocess.run(
+        [*prefix, str(DOWNLOAD)], env=base | env, capture_output=True, text=True, check=False, timeout=120
+    )
+
+
+def test_the_start_no_longer_downloads_and_names_the_step_that_does() -> None:
+    with pytest.raises(Problems) as err:
+        settings.resolve({"GLM5_DOWNLOAD": "1"})
+    assert [str(p) for p in err.value.problems] == [
+        "GLM5_DOWNLOAD: was removed; fix: download the weights as a step before the start: `docker compose run "
+        "--rm glm5 download` (compose) or the weights Job (k8s/job-weights.yaml); a download inside the start "
+        "would outlast the 40-minute startup probes"
+    ]
+
+
+def test_download_runs_the_real_hf_with_the_token_in_its_environment_only(tmp_path: Path) -> None:
     token = tmp_path / "token"
-    token.write_text("hf_x\n")
-    calls: list[dict[str, Any]] = []
-    values = values_for(tmp_path / "m")
+    token.write_text("hf_secret_token_value\n")
     values = config.resolve({"GLM5_MODEL_DIR": str(tmp_path / "m"), "HF_TOKEN_FILE": str(token)}).values
-    weights.download(values, Log("t"), lambda **kw: calls.append(kw) or "")
-    assert calls == [{"repo_id": "nvidia/GLM-5-NVFP4", "local_dir": str(tmp_path / "m"), "token": "hf_x"}]
-    assert settings.resolve({"GLM5_DOWNLOAD": "1"})["download"] is True
-    assert settings.resolve({})["download"] is False
+    argv = weights.command(values)
+    assert argv == ["hf", "download", "nvidia/GLM-5-NVFP4", "--local-dir", str(tmp_path / "m")]
+    assert not any("hf_secret" in a for a in argv)
+    env = weights.child_env({"HF_TOKEN_FILE": str(token), "PATH": "/bin"}, values["hf_token"])
+    assert env == {"HF_TOKEN": "hf_secret_token_value", "PATH": "/bin"}
+    # Every option we pass exists in the image's hf (the real CLI's --help).
+    helped = subprocess.run(
+        [str(HF_BIN / "hf"), "download", "--help"], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert "--local-dir" in helped.stdout
+    # The real hf, offline here: it fails, and the failure is named with the way to resume.
+    done = run_download(
+        {"GLM5_MODEL_DIR": str(tmp_path / "m"), "HF_TOKEN_FILE": str(token), "HF_HUB_OFFLINE": "1"}
+    )
+    assert done.returncode == preflight.MODEL_DIR_MISSING, done.stderr
+    assert "`hf download` exited" in done.stderr and "run it again to resume" in done.stderr
+    assert "hf_secret_token_value" not in done.stdout + done.stderr
 
 
-def test_download_failure_is_reported(tmp_path: Path) -> None:
-    def fail(**_kw: Any) -> str:
-        raise OSError("no route to host")
+def test_download_of_a_folder_uid_1000_cannot_write_names_the_fix(request: pytest.FixtureRequest) -> None:
+    if os.getuid() != 0:
+        pytest.skip("needs root to drop to UID 1000 (setpriv)")
+    host = Path(tempfile.mkdtemp(prefix="glm5-root-owned-"))  # /tmp: pytest's own folder is 0700
+    host.chmod(0o755)
+    request.addfinalizer(lambda: shutil.rmtree(host))
+    done = run_download(
+        {"GLM5_MODEL_DIR": str(host / "GLM-5-NVFP4")},
+        "setpriv",
+        "--reuid",
+        "1000",
+        "--regid",
+        "1000",
+        "--clear-groups",
+    )
+    assert done.returncode == preflight.MODEL_DIR_MISSING, done.stderr
+    assert f"GLM5_MODEL_HOST_DIR: {host} is not writable by UID 1000" in done.stderr
+    assert "sudo install -d -o 1000 -g 0" in done.stderr
+    assert not (host / "GLM-5-NVFP4").exists()
 
-    with pytest.raises(Problem) as err:
-        weights.download(values_for(tmp_path / "m"), Log("t"), fail)
-    assert "downloading nvidia/GLM-5-NVFP4 failed: no route to host" in str(err.value)
-    assert err.value.code == preflight.MODEL_DIR_MISSING and "HF_TOKEN" in err.value.fix
 
-
-def test_preflight_does_not_call_a_fully_skipped_run_ok(tmp_path: Path) -> None:
-    done = run_prepare(tmp_path, "ok-8x-server-580.csv", GLM5_SKIP_PREFLIGHT="all")
+def test_download_checks_the_folder_as_preflight_does(tmp_path: Path) -> None:
+    # Offline, the real hf returns an existing folder as it is ("Returning existing local_dir"), exit 0:
+    # the completeness check after it is what tells a finished download from a broken one.
+    model = make_model(tmp_path / "m")
+    (model / SHARDS[1]).unlink()
+    env = {"GLM5_MODEL_DIR": str(model), "HF_HUB_OFFLINE": "1"}
+    done = run_download(env)
+    assert done.returncode == preflight.MODEL_SHARDS, done.stderr
+    assert "1 of 3 shards missing" in done.stderr
+    make_model(model)
+    done = run_download(env)
     assert done.returncode == 0, done.stderr
-    assert "preflight: ok" not in done.stderr
-    assert "preflight: every check skipped (GLM5_SKIP_PREFLIGHT=all)" in done.stderr
+    assert "is complete in" in done.stderr
+
+
+def test_the_pods_init_container_waits_until_the_weights_are_complete(tmp_path: Path) -> None:
+    model = tmp_path / "m"
+    model.mkdir()
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("GLM5_", "HF_"))}
+    waiting = subprocess.Popen(
+        [str(DOWNLOAD), "--wait", "--interval", "0.2"],
+        env=base | {"GLM5_MODEL_DIR": str(model)},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(1.5)
+        assert waiting.poll() is None  # an empty folder: still waiting
+        make_model(model)
+        assert waiting.wait(timeout=30) == 0
+    finally:
+        waiting.kill()
+    said = waiting.stderr.read() if waiting.stderr else ""
+    assert said.count("waiting for the weights") == 1 and "is empty" in said  # said once, not every check
+    assert "is complete: the server can start" in said

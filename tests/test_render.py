@@ -21,7 +21,14 @@ SOURCE = ROOT / "entrypoint" / "glm5.toml"
 def kit_copy(tmp_path: Path) -> Path:
     """The source, the templates and the rendered outputs, in a folder of their own (with a space in its name)."""
     root = tmp_path / "kit copy"
-    for rel in ["entrypoint/glm5.toml", "ci/templates", *render.OUTPUTS, render.ENV_EXAMPLE, render.README]:
+    for rel in [
+        "entrypoint/glm5.toml",
+        "ci/templates",
+        *render.OUTPUTS,
+        render.ENV_EXAMPLE,
+        render.HOST_ENV_EXAMPLE,
+        render.README,
+    ]:
         src, dst = ROOT / rel, root / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         (shutil.copytree if src.is_dir() else shutil.copy)(src, dst)
@@ -132,7 +139,8 @@ def test_gpu_count_and_image_follow_the_source(tmp_path: Path) -> None:
         ('image = "glm5-serve:0.1.0"', 'image = "registry.example/glm5-serve:0.2.0"'),
         ("gpu_count = 8", "gpu_count = 4"),
     )
-    assert c["image"] == p["spec"]["containers"][0]["image"] == "registry.example/glm5-serve:0.2.0"
+    assert c["image"] == "${GLM5_IMAGE:-registry.example/glm5-serve:0.2.0}"  # compose: GLM5_IMAGE in .env
+    assert p["spec"]["containers"][0]["image"] == "registry.example/glm5-serve"  # tag: k8s/kustomization.yaml
     assert c["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == ["0", "1", "2", "3"]
     assert p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 4
 
@@ -182,7 +190,7 @@ def test_rendered_compose_and_pod_still_validate(tmp_path: Path) -> None:
     assert run_render(root).returncode == 0
     bin_dir = Path(shutil.which("kubernetes-validate") or "kubernetes-validate").parent
     for argv in (
-        ["kubernetes-validate", "--strict", "-k", "1.30", *map(str, (root / "k8s").glob("*.yaml"))],
+        ["kubernetes-validate", "--strict", "-k", "1.30", *map(str, sorted(root.glob("k8s/[!k]*.yaml")))],
         ["docker-compose", "-f", str(root / "docker-compose.yml"), "config", "-q"],
     ):
         done = subprocess.run(

@@ -61,13 +61,39 @@ def test_an_unknown_variable_is_refused_with_the_nearest_name() -> None:
     ]
 
 
-def test_host_settings_warn_inside_the_container_and_apply_on_the_host() -> None:
-    env = {"GLM5_HOST_PORT": "8080"}
-    assert config.resolve(env).values["host_port"] == 30000  # ignored in the container ...
-    assert settings.elsewhere(env) == [
-        "GLM5_HOST_PORT is read by docker compose on the host, not in the container: it has no effect here"
-    ]  # ... and said so
-    assert settings.resolve(env, where="ci")["host_port"] == 8080
+def test_host_settings_are_refused_inside_the_container_and_apply_on_the_host(tmp_path: Path) -> None:
+    for name, value in (
+        ("GLM5_HOST_PORT", "8080"),
+        ("GLM5_BIND", "0.0.0.0"),
+        ("GLM5_BENCH_PYTHON", "python3"),
+    ):
+        found = problems_of({name: value})
+        assert len(found) == 1 and found[0].startswith(f"{name}: is read by "), found
+        assert "not inside the container" in found[0] and "fix: move it to " in found[0]
+    assert "fix: move it to .env beside docker-compose.yml" in problems_of({"GLM5_BIND": "0.0.0.0"})[0]
+    assert settings.resolve({"GLM5_HOST_PORT": "8080"}, where="ci")["host_port"] == 8080
+    # The host-side tools read .env as docker compose does, and the shell wins over it.
+    (tmp_path / ".env").write_text(
+        "# host settings\nGLM5_HOST_PORT=8081\nexport GLM5_BIND='0.0.0.0'\nGLM5_IMAGE=r.example/glm5-serve:1 # tag\n"
+    )
+    env = settings.host_environment({}, tmp_path)
+    assert env == {"GLM5_HOST_PORT": "8081", "GLM5_BIND": "0.0.0.0", "GLM5_IMAGE": "r.example/glm5-serve:1"}
+    assert settings.host_environment({"GLM5_HOST_PORT": "9000"}, tmp_path)["GLM5_HOST_PORT"] == "9000"
+    assert settings.host_environment({}, tmp_path / "none") == {}
+
+
+def test_the_port_is_one_rendered_value() -> None:
+    found = problems_of({"GLM5_PORT": "31000"})
+    assert found == [
+        "GLM5_PORT: 31000 differs from 30000, the value rendered into docker-compose.yml, k8s/ and ci/bench; "
+        "fix: unset it; to change it everywhere, edit [deployment].port in entrypoint/glm5.toml, run ci/render "
+        "and rebuild"
+    ]
+    assert config.resolve({"GLM5_PORT": "30000"}).values["port"] == 30000
+    # A replaced server program (the tests' double, debugging) runs outside compose and k8s: any port.
+    assert (
+        config.resolve({"GLM5_PORT": "31000", "GLM5_SERVER_PROGRAM": "python3 x.py"}).values["port"] == 31000
+    )
 
 
 @pytest.mark.parametrize("flag", sorted(config.owned_flags(settings.load_config())))

