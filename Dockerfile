@@ -75,8 +75,8 @@ WORKDIR /home/glm5
 
 EXPOSE 30000
 VOLUME ["/cache"]
-# A GLM-5 start: ~410 GB of weights (7-8 min warm, far longer cold from disk) plus capture of 58 prefill and
-# 52 decode graphs (~4 min). 40 min of grace before failed probes count; probes before that only
+# A GLM-5 start: ~410 GB of weights plus capture of 58 prefill and 52 decode graphs (times: the README's
+# Figures). 40 min of grace before failed probes count; probes before that only
 # report (compose adds start_interval; the option is left out here for builders older than Docker 25).
 HEALTHCHECK --interval=30s --timeout=10s --start-period=2400s --retries=3 \
   CMD ["/opt/glm5/healthcheck/healthcheck", "--status"]

@@ -42,6 +42,7 @@ OUTPUTS = {
 ENV_EXAMPLE = "glm5.env.example"  # rendered from the settings' declarations, no template
 HOST_ENV_EXAMPLE = ".env.example"  # the host-side settings, likewise
 README = "README.md"
+FIGURES = "ci/figures.toml"  # measured figures, rendered into the README's figures table
 LOG = Log("ci/render")
 PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*\}\}")
 
@@ -140,7 +141,19 @@ def readme_blocks(cfg: Mapping[str, Any]) -> dict[str, Callable[[], str]]:
         rows += [f"| {code} | {meaning} | {tools} |" for code, meaning, tools in EXIT_CODES]
         return "\n".join(rows) + "\n"
 
-    return {"configuration": configuration, "exit-codes": exit_codes}
+    def figures() -> str:
+        rows = ["| figure | value | measured |", "|---|---|---|"]
+        rows += [f"| {f['what']} | {f['value']:g} {f['unit']} | {f['measured']} |" for f in load_figures()]
+        return "\n".join(rows) + "\n"
+
+    return {"configuration": configuration, "exit-codes": exit_codes, "figures": figures}
+
+
+def load_figures(root: Path = ROOT) -> list[dict[str, Any]]:
+    import tomllib
+
+    with (root / FIGURES).open("rb") as fh:
+        return list(tomllib.load(fh)["figure"])
 
 
 def replace_block(text: str, name: str, body: str) -> str:

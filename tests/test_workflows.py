@@ -5,7 +5,6 @@ ci/build-image's skip, visible in GitHub Actions and a failure where GLM5_REQUIR
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
+from ci import render
 from conftest import ROOT
 
 BIN = Path(sys.executable).parent
@@ -54,11 +54,10 @@ def run_steps(job: dict[str, Any]) -> list[str]:
     return [step["run"].strip() for step in job["steps"] if "run" in step]
 
 
-def readme_minutes(pattern: str) -> int:
-    text = " ".join((ROOT / "README.md").read_text().split())
-    found = re.search(pattern, text)
-    assert found, f"the README no longer says /{pattern}/: update the hosted timeouts and this test"
-    return int(found.group(1))
+def figure(key: str) -> float:
+    """A measured figure from ci/figures.toml, the one place the kit states them."""
+    (found,) = [f["value"] for f in render.load_figures() if f["key"] == key]
+    return float(found)
 
 
 # ---- actionlint ---------------------------------------------------------------------------------------------
@@ -111,8 +110,7 @@ def test_hosted_test_job_runs_the_readme_command_within_its_timeout() -> None:
     job = load("ci.yml")["jobs"]["test"]
     assert job["runs-on"] == "ubuntu-24.04"
     assert run_steps(job) == ["ci/test"]
-    setup = readme_minutes(r"\(about (\d+) minutes and [\d.]+ GB the first time")
-    tests = readme_minutes(r"about \d+ tests in about (\d+) minutes on 2 cores")
+    setup, tests = figure("setup_minutes"), figure("test_minutes")
     # Twice the documented run: a hosted runner has 2 cores for a private repository, and no venvs yet.
     assert job["timeout-minutes"] >= 2 * (setup + tests)
     # The README's CPU torch, not PyPI's CUDA build (several GB more per venv than the runner has free).
@@ -130,9 +128,7 @@ def test_hosted_image_job_builds_as_root_on_freed_disk_within_its_timeout() -> N
     for big in ("/usr/local/lib/android", "/usr/share/dotnet", "/opt/ghc", "/opt/hostedtoolcache/CodeQL"):
         assert f" {big}" in freed and "sudo rm -rf" in freed, f"{big} is not removed before the build"
     assert "docker image prune --all --force" in freed
-    measured = re.search(r"Measured here: ([\d.]+) min", BUILD_IMAGE.read_text())
-    assert measured, "ci/build-image no longer states its measured build time"
-    assert job["timeout-minutes"] >= 2 * float(measured.group(1))
+    assert job["timeout-minutes"] >= 2 * figure("build_minutes")
 
 
 def test_a_tag_push_requires_the_image() -> None:

@@ -1,0 +1,99 @@
+"""The README's promises kept true: every kit command it documents runs with --help, every GLM5_* variable it
+names is a setting (or a removed one it says so of), and its figures come from ci/figures.toml."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ci import render
+from conftest import ROOT
+from entrypoint import settings
+
+README = (ROOT / "README.md").read_text()
+# A kit path used as a command: not part of a longer path or a file name (.ci/run, ci/figures.toml, entrypoint/state.py).
+COMMAND = re.compile(
+    r"(?<![\w./-])(?:/opt/glm5/)?((?:ci|entrypoint|healthcheck|patches|image)/[a-z][a-z-]*[a-z])(?![\w./-])"
+)
+KIT_FOLDERS = ("ci", "entrypoint", "healthcheck", "patches", "image")
+
+
+def documented_commands(text: str) -> list[str]:
+    """Kit paths the README names that are executables, or that look like commands but do not exist."""
+    found = set()
+    for m in COMMAND.finditer(text):
+        path = ROOT / m.group(1)
+        if path.is_file() and os.access(path, os.X_OK):
+            found.add(m.group(1))
+        elif not path.exists():
+            found.add(m.group(1))  # a documented command that is missing: --help fails below
+    return sorted(found)
+
+
+COMMANDS = documented_commands(README)
+
+
+def test_the_readme_documents_the_kits_commands() -> None:
+    assert {"ci/test", "ci/smoke", "ci/bench", "entrypoint/download", "healthcheck/healthcheck"} <= set(
+        COMMANDS
+    )
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_documented_command_runs_with_help(command: str) -> None:
+    path = ROOT / command
+    assert path.is_file(), f"the README documents {command}, which does not exist"
+    done = subprocess.run(
+        [str(path), "--help"], capture_output=True, text=True, check=False, timeout=60, cwd=ROOT
+    )
+    assert done.returncode == 0, f"{command} --help exited {done.returncode}: {done.stderr[-500:]}"
+    assert done.stdout.strip(), f"{command} --help printed nothing"
+
+
+def test_a_missing_command_in_the_readme_is_caught() -> None:
+    assert "entrypoint/no-such-tool" in documented_commands("run `entrypoint/no-such-tool --json`")
+
+
+def documented_variables(text: str) -> set[str]:
+    return set(re.findall(r"\b(GLM5_[A-Z0-9_]+|HF_TOKEN(?:_FILE)?)\b", text))
+
+
+def test_every_documented_variable_is_a_setting() -> None:
+    config = settings.load_config()
+    decls = settings.declarations(config)
+    known = set(decls) | {f"{n}_FILE" for n, s in decls.items() if s.kind == "secret"}
+    removed = set(config["removed_setting"])
+    unknown = sorted(documented_variables(README) - known - removed)
+    assert unknown == [], f"the README names variables that are not settings: {unknown}"
+    for name in documented_variables(README) & removed:  # only where it says it was removed
+        assert re.search(rf"{name}\b[^.]*(removed|retired)", README), f"{name} is documented as if it existed"
+
+
+def test_an_unknown_variable_in_the_readme_is_caught() -> None:
+    assert "GLM5_NO_SUCH_KNOB" in documented_variables("set `GLM5_NO_SUCH_KNOB=1` in glm5.env")
+
+
+def test_figures_are_stated_in_one_place() -> None:
+    """The measured figures appear in the README's figures table (rendered from ci/figures.toml), and the
+    Dockerfile and ci/build-image state none of their own."""
+    table = README.split("<!-- ci/render: figures -->")[1].split("<!-- ci/render: end figures -->")[0]
+    for f in render.load_figures():
+        assert f"| {f['value']:g} {f['unit']} |" in table, f["key"]
+    timing = re.compile(r"\b\d+(?:\.\d+)? ?(?:min|minutes)\b|\b\d+(?:\.\d+)? ?GB image|\bMeasured here\b")
+    for rel in ("Dockerfile", "ci/build-image", "ci/templates/Dockerfile"):
+        text = (ROOT / rel).read_text()
+        text = text.replace(f"{settings.load_config()['deployment']['startup_budget_seconds'] // 60} min", "")
+        assert not timing.search(text), f"{rel} states a figure of its own: {timing.search(text)}"
+    prose = README.split("<!-- ci/render: figures -->")[0]
+    for stale in (r"\b\d+ s on 2 cores", r"about \d+ tests in about \d+ minutes", r"\d+(\.\d+)? GB image"):
+        assert not re.search(stale, prose), f"README prose states a figure outside the table: {stale}"
+
+
+def test_readme_checks_can_fail(tmp_path: Path) -> None:
+    fake = tmp_path / "README.md"
+    fake.write_text("`ci/build-image` took 781 s on 2 cores, an 11.2 GB image")
+    assert re.search(r"\b\d+ s on 2 cores", fake.read_text())
