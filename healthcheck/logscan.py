@@ -29,19 +29,33 @@ EVENTS: dict[str, re.Pattern[bytes]] = {
     "prefill_list_legacy": re.compile(rb"Capture cuda graph num tokens " + NUMS),
     "prefill_frame": re.compile(rb"Captur(?:ing prefill shape|ing num tokens) \(num_tokens=\d+" + FRAME_TAIL),
     "prefill_end": re.compile(rb"Capture (?:target prefill|piecewise) CUDA graph end"),
+    # 0.5.23 (model_runner_components/cuda_graph_setup.py) prints the sizes on the end line; mid-2026 releases
+    # printed them on the begin line instead (tests/fixtures/logs/real/13-*): both are read.
     "decode_begin": re.compile(
         rb"Capture target (?:decode|verify) CUDA graph begin|Capture cuda graph begin"
     ),
+    "decode_begin_list": re.compile(
+        rb"Capture target (?:decode|verify) CUDA graph begin\.[^\r\n]*? bs=" + NUMS
+    ),
     "decode_list_legacy": re.compile(rb"Capture cuda graph bs " + NUMS),
     "decode_frame": re.compile(rb"Capturing batches \(bs=\d+" + FRAME_TAIL),
-    "decode_end": re.compile(rb"Capture target (?:decode|verify) CUDA graph end\. bs=" + NUMS),
+    "decode_end": re.compile(rb"Capture target (?:decode|verify) CUDA graph end\.(?: bs=" + NUMS + rb")?"),
     "decode_end_legacy": re.compile(rb"Capture cuda graph end\. Time elapsed"),
     "ready": re.compile(rb"The server is fired up and ready to roll!"),
     "traceback": re.compile(rb"Traceback \(most recent call last\)"),
     "oom": re.compile(rb"(?:OutOfMemoryError|CUDA out of memory)[^\r\n]*"),
     "sigquit": re.compile(rb"Received sigquit from a child process"),
     "capture_failed": re.compile(rb"Capture cuda graph failed[^\r\n]*"),
+    # A server process that died or hung: fatal after the ready line too (a request's traceback is not).
+    "process_exception": re.compile(rb"(?:Scheduler|DetokenizerManager|TokenizerManager) hit an exception"),
+    "nccl_watchdog": re.compile(
+        rb"Watchdog caught collective operation timeout[^\r\n]*|ProcessGroupNCCL[^\r\n]*failure detected by watchdog[^\r\n]*"
+    ),
+    "killed": re.compile(rb"kill_process_tree[^\r\n]*"),
 }
+# Events that end the server whenever they come; a plain traceback or OOM ends only a start (before ready).
+PROCESS_FATAL = ("sigquit", "process_exception", "nccl_watchdog", "killed")
+START_FATAL = ("traceback", "oom", "capture_failed")
 # Every event line contains one of these; bytes.find locates them at memory speed, and the
 # patterns then run only on those lines (a tqdm frame or a record between \r and \n counts as a line).
 KEYWORDS = (
@@ -52,6 +66,9 @@ KEYWORDS = (
     b"OutOfMemoryError",
     b"out of memory",
     b"sigquit",
+    b"hit an exception",
+    b"atchdog",
+    b"kill_process_tree",
 )
 EXCEPTION_LINE = re.compile(rb"^((?:[A-Za-z_][\w.]*)?(?:Error|Exception|Interrupt): [^\r\n]*)", re.M)
 
@@ -128,18 +145,18 @@ def record(result: Scan, name: str, m: re.Match[bytes], data: bytes, end: int) -
         result.prefill_list = numbers(m.group(1))
     elif name == "decode_list_legacy":
         result.decode_list = numbers(m.group(1))
-    elif name == "decode_end" and result.decode_captured_list is None:
+    elif name == "decode_begin_list":
+        result.decode_list = numbers(m.group(1))
+    elif name == "decode_end" and result.decode_captured_list is None and m.group(1) is not None:
         result.decode_captured_list = numbers(m.group(1))
     elif name == "prefill_frame":
         result.prefill_frame = (int(m.group(1)), int(m.group(2)))
     elif name == "decode_frame":
         result.decode_frame = (int(m.group(1)), int(m.group(2)))
-    elif (
-        name in ("traceback", "oom", "sigquit", "capture_failed")
-        and result.failure is None
-        and "ready" not in result.seen
+    elif result.failure is None and (
+        name in PROCESS_FATAL or (name in START_FATAL and "ready" not in result.seen)
     ):
-        # After the ready line a traceback belongs to a request, not to the start.
+        # After the ready line a traceback belongs to a request; a dead or hung server process is fatal still.
         result.failure = failure_reason(name, m, data, end)
 
 
@@ -153,4 +170,14 @@ def failure_reason(name: str, m: re.Match[bytes], data: bytes, end: int) -> str:
         return "traceback: " + (
             exc.group(1).decode(errors="replace")[:200] if exc else "(exception line not in the log)"
         )
+    if name == "process_exception":
+        exc = EXCEPTION_LINE.search(data, end)
+        line = m.group(0).decode(errors="replace")
+        return f"{line}: " + (
+            exc.group(1).decode(errors="replace")[:200] if exc else "(exception line not in the log)"
+        )
+    if name == "nccl_watchdog":
+        return "NCCL watchdog: " + m.group(0).decode(errors="replace")[:200]
+    if name == "killed":
+        return "the server's processes were killed (" + m.group(0).decode(errors="replace")[:120] + ")"
     return "a server subprocess failed (Received sigquit from a child process)"

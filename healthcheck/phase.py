@@ -28,9 +28,26 @@ def decode_done(scan: Scan) -> bool:
     return any(e in scan.seen for e in DECODE_DONE)
 
 
+def capture_open(scan: Scan) -> bool:
+    """A capture has begun and not ended: decode (its begin, list or frames without an end), or prefill (the
+    piecewise era captured it after decode)."""
+    decode_open = bool(
+        scan.seen.intersection(("decode_begin", "decode_list_legacy", "decode_frame"))
+    ) and not decode_done(scan)
+    prefill_open = (
+        bool(
+            scan.seen.intersection(
+                ("prefill_begin", "prefill_begin_legacy", "prefill_list_legacy", "prefill_frame")
+            )
+        )
+        and "prefill_end" not in scan.seen
+    )
+    return decode_open or prefill_open
+
+
 def log_says_ready(scan: Scan) -> bool:
-    """The server printed its ready line after a finished decode capture: /health decides the rest."""
-    return "ready" in scan.seen and decode_done(scan) and scan.failure is None
+    """The server printed its ready line and nothing fatal: /health decides whether it serves now."""
+    return "ready" in scan.seen and scan.failure is None
 
 
 def remembered(scan: Scan, launch: dict[str, Any] | None, cached: dict[str, Any] | None) -> Scan:
@@ -142,14 +159,22 @@ def decide(
                 "--accept-partial-capture / GLM5_ACCEPT_PARTIAL_CAPTURE=1"
             ),
         }
-    if log_says_ready(scan):
+    if "ready" in scan.seen:  # once the server said so: ready or failed, never on its way again
+        if not done:
+            if expected[0] is not None and not accept_partial:
+                return out | {
+                    "phase": "failed",
+                    "reason": f"the server became ready without a decode CUDA graph capture in the log (expected "
+                    f"{expected[0]} batch sizes): decode runs without graphs",
+                }
+            out["reason"] = "no decode capture in the log; graph counts unknown (not a start of this kit?)"
         if http is None or http == 200:
             return out | {"phase": "ready"}
-        return out | {"phase": "warming_up", "reason": f"/health answered {http}"}
-    if done or "ready" in scan.seen:
-        return out | {"phase": "warming_up"}
-    if scan.seen.intersection(CAPTURE_STARTED):
+        return out | {"phase": "ready", "reason": f"/health answered {http}: not serving now"}
+    if capture_open(scan):
         return out | {"phase": "capturing"}
+    if done:
+        return out | {"phase": "warming_up"}
     if "load_begin" in scan.seen or "load_end" in scan.seen:
         return out | {"phase": "loading"}
     return out
@@ -199,6 +224,7 @@ def status_line(result: dict[str, Any], seconds_since_start: int | None) -> str:
         what += f", {result['reason']}" if result["reason"] else ""
     elif phase == "ready":
         what = f"ready (decode {result['decode_captured']}/{result['decode_expected']}, prefill {result['prefill_captured']}/{result['prefill_expected']})"
+        what += f", {result['reason']}" if result["reason"] else ""
     elif phase == "loading":
         what = "loading weights"
     else:

@@ -7,7 +7,7 @@ counts and /health answers 200; otherwise says which phase the start is in.
     healthcheck/healthcheck --json            the state as one JSON object
     healthcheck/healthcheck --log FILE --no-http --json    judge a saved log alone
 
-Phases: starting, loading, capturing, warming_up, ready, failed. Exit 0 when ready (with --live:
+Phases: starting, loading, capturing, warming_up, ready, failed. Exit 0 when ready and /health 200 (with --live:
 when alive and not failed), 1 otherwise, 2 bad usage, 3 an invalid GLM5_* setting.
 
 This module is the I/O edge (log tail, state files, /proc, /health); the decision is healthcheck/phase.py.
@@ -173,7 +173,9 @@ def main(argv: list[str] | None = None) -> int:
         print(phase.status_line(result, seconds_since(result["started_at"], now)))
     if args.live:
         return 0 if result["phase"] != "failed" else 1
-    return 0 if result["phase"] == "ready" else 1
+    # Ready to serve: the log says ready and /health answers 200 (a 503 after the ready line: draining, or
+    # latched unhealthy by a /health that timed out; the phase stays ready, this probe fails).
+    return 0 if result["phase"] == "ready" and result["http"] in (None, 200) else 1
 
 
 if __name__ == "__main__":

@@ -188,7 +188,8 @@ def test_ready_needs_health_200(tmp_path: Path, health_server: str) -> None:
     env = run_dir(tmp_path, "sglang-0.5.23-rendered-from-source.log", start=1, pid=os.getpid())
     Health.status = 503
     code, state = probe("--url", health_server, **env)
-    assert (code, state["phase"], state["http"]) == (1, "warming_up", 503)
+    assert (code, state["phase"], state["http"]) == (1, "ready", 503)  # once ready, never "on its way" again
+    assert state["reason"] == "/health answered 503: not serving now"
     Health.status = 200
     code, state = probe("--url", health_server, **env)
     assert (code, state["phase"], state["http"]) == (0, "ready", 200)
@@ -299,7 +300,7 @@ def test_ready_needs_the_log_and_then_health() -> None:
     assert phase.decide(scan, (52, 58), None, False, None)["phase"] == "ready"  # --no-http
     assert phase.decide(scan, (52, 58), None, False, 200)["phase"] == "ready"
     waiting = phase.decide(scan, (52, 58), None, False, 503)
-    assert waiting["phase"] == "warming_up" and waiting["reason"] == "/health answered 503"
+    assert waiting["phase"] == "ready" and waiting["reason"] == "/health answered 503: not serving now"
     assert phase.decide(scan, (52, 58), False, False, 200)["phase"] == "failed"  # its process is gone
 
 

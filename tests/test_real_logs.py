@@ -1,0 +1,82 @@
+"""The healthcheck against real SGLang logs: excerpts quoted from public issues, pull requests and repositories
+(tests/fixtures/logs/real/, each cited in sources.toml), read by the same scan and decision as the probe."""
+
+from __future__ import annotations
+
+import tomllib
+from typing import Any
+
+import pytest
+
+from conftest import ROOT
+from entrypoint import state
+from healthcheck import logscan, phase
+
+CORPUS = ROOT / "tests" / "fixtures" / "logs" / "real"
+EXCERPTS: list[dict[str, Any]] = tomllib.loads((CORPUS / "sources.toml").read_text())["excerpt"]
+ON_THE_WAY = ("starting", "loading", "capturing", "warming_up")
+
+
+def judge(data: bytes) -> dict[str, Any]:
+    """The phase from the log alone, as `healthcheck --log FILE --no-http` on a foreign log: no launch.json,
+    no configured counts, the process unknown."""
+    scan = logscan.scan(data)
+    return phase.decide(scan, phase.expected_counts(scan, None, None), None, False, None)
+
+
+def text_of(excerpt: dict[str, Any]) -> bytes:
+    return (CORPUS / excerpt["file"]).read_bytes()
+
+
+def test_the_corpus_is_real_cited_and_large_enough() -> None:
+    files = {p.name for p in CORPUS.glob("*.log")}
+    assert files == {e["file"] for e in EXCERPTS} and len(files) >= 30
+    for e in EXCERPTS:
+        assert e["url"].startswith("https://github.com/"), e["file"]
+        for key in ("version", "date", "hardware", "shows"):
+            assert str(e[key]).strip(), f"{e['file']}: no {key}"
+        assert isinstance(e["edited"], bool) and (not e["edited"] or e["note"].strip()), e["file"]
+
+
+def test_the_corpus_covers_what_the_healthcheck_must_tell_apart() -> None:
+    phases = [e["phase"] for e in EXCERPTS]
+    least = {"ready": 5, "failed": 15, "capturing": 5, "loading": 3, "starting": 2, "warming_up": 2}
+    assert all(phases.count(p) >= n for p, n in least.items()), {p: phases.count(p) for p in least}
+    everything = b"\n".join(text_of(e) for e in EXCERPTS)
+    for needle in (
+        b"Capture cuda graph end",  # legacy decode
+        b"Capture piecewise CUDA graph begin",  # the piecewise era
+        b"Capture target prefill CUDA graph begin. backend=breakable",  # 0.5.23's
+        b"out of memory",
+        b"torch._dynamo",
+        b"Watchdog caught collective operation timeout",
+        b"Scheduler hit an exception",
+        b"Received sigquit from a child process",
+        b"kill_process_tree",
+    ):
+        assert needle in everything, needle
+
+
+@pytest.mark.parametrize("excerpt", EXCERPTS, ids=[e["file"] for e in EXCERPTS])
+def test_each_excerpt_reads_as_its_source_shows(excerpt: dict[str, Any]) -> None:
+    found = judge(text_of(excerpt))
+    assert found["phase"] == excerpt["phase"], (found, excerpt.get("comment", ""))
+    if excerpt["phase"] == "failed" and excerpt["reason"]:
+        assert excerpt["reason"][:60] in text_of(excerpt).decode(errors="replace")
+
+
+@pytest.mark.parametrize("excerpt", EXCERPTS, ids=[e["file"] for e in EXCERPTS])
+def test_the_rules_every_excerpt_obeys(excerpt: dict[str, Any]) -> None:
+    data = text_of(excerpt)
+    scan = logscan.scan(data)
+    found = judge(data)
+    if "ready" in scan.seen:  # once ready, never a phase on its way
+        assert found["phase"] in ("ready", "failed"), found
+    if found["phase"] == "failed":
+        assert found["reason"], found
+    # Only the current start counts: an earlier failed start before the kit's marker changes nothing.
+    earlier = text_of(next(e for e in EXCERPTS if e["phase"] == "failed"))
+    marker = state.marker_line(2, "2026-11-30T10:00:00+00:00", 9, 52, 58).encode()
+    alone = judge(marker + b"\n" + data)
+    after_a_failure = judge(earlier + b"\n" + marker + b"\n" + data)
+    assert after_a_failure == alone
