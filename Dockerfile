@@ -78,7 +78,7 @@ VOLUME ["/cache"]
 # A GLM-5 start: ~410 GB of weights plus capture of 58 prefill and 52 decode graphs (times: the README's
 # Figures). 40 min of grace before failed probes count; probes before that only
 # report (compose adds start_interval; the option is left out here for builders older than Docker 25).
-HEALTHCHECK --interval=30s --timeout=10s --start-period=2400s --retries=3 \
+HEALTHCHECK --interval=30s --timeout=30s --start-period=2400s --retries=3 \
   CMD ["/opt/glm5/healthcheck/healthcheck", "--status"]
 # SIGTERM drains in-flight requests for at most GLM5_DRAIN_SECONDS (120 s; supervisord then kills the
 # server's process group): give `docker stop` that plus margin (compose stop_grace_period: 150s).

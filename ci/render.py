@@ -32,10 +32,9 @@ TEMPLATES = "ci/templates"
 OUTPUTS = {
     "Dockerfile": f"{TEMPLATES}/Dockerfile",
     "docker-compose.yml": f"{TEMPLATES}/docker-compose.yml",
-    "k8s/pod.yaml": f"{TEMPLATES}/k8s/pod.yaml",
+    "k8s/statefulset.yaml": f"{TEMPLATES}/k8s/statefulset.yaml",
     "k8s/service.yaml": f"{TEMPLATES}/k8s/service.yaml",
     "k8s/pvc-weights.yaml": f"{TEMPLATES}/k8s/pvc-weights.yaml",
-    "k8s/pvc-cache.yaml": f"{TEMPLATES}/k8s/pvc-cache.yaml",
     "k8s/job-weights.yaml": f"{TEMPLATES}/k8s/job-weights.yaml",
     "image/requirements.in": f"{TEMPLATES}/image/requirements.in",
 }

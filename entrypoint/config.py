@@ -68,6 +68,7 @@ class Effective:
             "port": self.values["port"],
             "log_dir": self.values["log_dir"],
             "health_timeout_seconds": self.values["health_timeout_seconds"],
+            "stall_seconds": self.values["stall_seconds"],
             "accept_partial_capture": self.values["accept_partial_capture"],
             "decode_batch_sizes": self.decode_sizes,
             "decode_expected": len(self.decode_sizes),
@@ -75,6 +76,34 @@ class Effective:
             "prefill_expected": len(self.prefill_sizes),
             "speculative": self.values["speculative"],
         }
+
+
+SGLANG_HEALTH_WAIT = ("SGLANG_HEALTH_CHECK_TIMEOUT", 20)  # entrypoints/http_server.py: /health's own wait
+
+
+def check_health_timeout(timeout: float, environ: Mapping[str, str]) -> list[Problem]:
+    """The probes must wait longer than the server's /health does: a probe that gives up first leaves the
+    server to mark itself unhealthy (for every caller, and a SIGTERM then skips the drain) while the probe
+    only saw a timeout."""
+    name, default = SGLANG_HEALTH_WAIT
+    raw = environ.get(name, "").strip() or str(default)
+    try:
+        server_wait = int(raw)  # http_server.py reads it with int()
+    except ValueError:
+        return [
+            Problem(
+                name, f"{raw!r} is not a whole number (SGLang reads it with int())", "use seconds, e.g. 20"
+            )
+        ]
+    if timeout <= server_wait:
+        return [
+            Problem(
+                "GLM5_HEALTH_TIMEOUT",
+                f"{timeout:g} s is not above the server's own /health wait ({name}={server_wait})",
+                f"set GLM5_HEALTH_TIMEOUT above {server_wait} (and below the probe command's timeout), or lower {name}",
+            )
+        ]
+    return []
 
 
 def owned_flags(config: Mapping[str, Any]) -> dict[str, str]:
@@ -112,6 +141,7 @@ def resolve(environ: Mapping[str, str], config: Mapping[str, Any] | None = None)
     values = settings.resolve(environ, config)
     decls = settings.declarations(config)
     problems = check_extra_args(values["extra_args"], config)
+    problems += check_health_timeout(values["health_timeout_seconds"], environ)
     argv = list(SERVER_PROGRAM)
     secret_options: dict[str, str] = {}
     for flag in config["flag"]:

@@ -4,7 +4,8 @@
 #   entrypoint.sh download   download the weights into the model folder and check them (entrypoint/download)
 #   entrypoint.sh CMD ...    run CMD instead (e.g. entrypoint/launch --dry-run, bash)
 # Exit codes (common/report.py): 2 arguments after serve, those of `launch --prepare` (3, 10-42),
-# 70 when the server went FATAL, else supervisord's.
+# 70 when the server went FATAL, else supervisord's. After a failure it stays up until stopped
+# (GLM5_ON_FAILURE=wait, the default), then exits with that code.
 set -Eeuo pipefail
 
 GLM5_HOME=${GLM5_HOME:-$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)}
@@ -93,10 +94,25 @@ main() {
     log "stopped before the server started"
     return 0
   fi
-  if ((status != 0)); then
-    return "$status"
+  if ((status == 0)); then
+    run_supervisor || status=$?
   fi
-  run_supervisor
+  if ((status != 0)) && ! $stopping; then
+    stay_failed "$status"
+  fi
+  return "$status"
+}
+
+# A failure a restart cannot fix: stay up showing it (GLM5_ON_FAILURE=wait) until stopped, rather than exit
+# into a restart policy that would reload the weights in a loop; the exit code is the same either way.
+stay_failed() {
+  if [[ $GLM5_ON_FAILURE == exit ]]; then
+    return
+  fi
+  log "failed (exit code $1): staying up to show why (healthcheck --status; $(dirname "$fatal_file")/failed.json); fix the cause, then restart the container (GLM5_ON_FAILURE=exit exits instead)"
+  while ! $stopping; do
+    run_child sleep 3600 || true
+  done
 }
 
 if ! (return 0 2>/dev/null); then

@@ -60,10 +60,14 @@ def dry_run(effective: config.Effective, as_json: bool) -> int:
 def prepare(effective: config.Effective) -> int:
     values = effective.values
     state.clear_fatal(values["state_dir"])
+    state.clear_failed(values["state_dir"])
     state.remove_server_config(values["state_dir"])  # a killed run's copy of the key goes
     problems = preflight.run(values, os.environ, LOG, effective.public_argv()[len(config.SERVER_PROGRAM) :])
     checks = settings.declarations()["GLM5_SKIP_PREFLIGHT"].choices
     if problems:
+        state.write_failed(
+            values["state_dir"], problems[0].code, "preflight: " + "; ".join(str(p) for p in problems)
+        )
         return LOG.problems(
             problems,
             f"preflight problem(s); fix them, or skip a check with GLM5_SKIP_PREFLIGHT=<{','.join(checks)}|all> (logged)",
@@ -187,6 +191,7 @@ def processes(ppid: int | None = None, pgid: int | None = None) -> list[int]:
 
 
 SUPERVISOR_KEYS = (
+    "on_failure",
     "log_dir",
     "state_dir",
     "start_seconds",

@@ -7,6 +7,7 @@ the start marker line in the server log. Only this module names them.
 | `launch.json` | launch --serve, at each start | healthcheck, ci tools, people | the effective configuration of the current start (argv with secrets redacted, env, expected graph counts, port, log dir, health timeout), its start number, pid and time |
 | `capture.json` | healthcheck | healthcheck | the capture facts of a start once capture is done (the log's tail window may lose them later); written only when it changes |
 | `fatal` | entrypoint/on-fatal | entrypoint.sh (exit 70) | why the server went FATAL; removed when the container starts |
+| `failed.json` | launch --prepare (preflight), entrypoint/on-fatal (FATAL) | healthcheck, people | a failure a restart cannot fix: `{"code", "reason", "at"}`; the container stays up showing it (GLM5_ON_FAILURE=wait); removed at the next prepare |
 | `server-config.yaml` | launch --serve | the server (`--config`) | options that must be on no command line (the API key); mode 0600, removed when the server exits; the state dir is a tmpfs in compose and the pod |
 | `supervisord.pid`, `supervisor.sock` | supervisord | supervisorctl | supervisord's own (named in supervisord.conf) |
 | marker line in server.log | launch --serve | healthcheck (logscan) | `===== glm5-serve: server start #N at ISO-TIME pid P: ... =====`: everything after the last marker is the current start |
@@ -31,7 +32,8 @@ CAPTURE = "capture.json"
 STARTS = "starts"
 FATAL = "fatal"
 SERVER_CONFIG = "server-config.yaml"
-FILES = (STARTS, LAUNCH, CAPTURE, FATAL, SERVER_CONFIG)
+FAILED = "failed.json"
+FILES = (STARTS, LAUNCH, CAPTURE, FATAL, SERVER_CONFIG, FAILED)
 MARKER_TEXT = "glm5-serve: server start #"
 MARKER = re.compile(
     rb"glm5-serve: server start #(\d+) at (\S+)(?: pid \d+: decode graphs expected (\d+), prefill (\d+))?"
@@ -103,6 +105,21 @@ def write_fatal(state_dir: str | Path, reason: str) -> None:
 
 def clear_fatal(state_dir: str | Path) -> None:
     path(state_dir, FATAL).unlink(missing_ok=True)
+
+
+def write_failed(state_dir: str | Path, code: int, reason: str) -> None:
+    import datetime
+
+    at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    path(state_dir, FAILED).write_text(json.dumps({"code": code, "reason": reason, "at": at}) + "\n")
+
+
+def read_failed(state_dir: str | Path) -> dict[str, Any] | None:
+    return read_json(path(state_dir, FAILED))
+
+
+def clear_failed(state_dir: str | Path) -> None:
+    path(state_dir, FAILED).unlink(missing_ok=True)
 
 
 def write_server_config(state_dir: str | Path, options: dict[str, str]) -> Path:

@@ -108,9 +108,12 @@ def decide(
     alive: bool | None,
     accept_partial: bool,
     http: int | str | None,
+    quiet: float | None = None,
+    stall_seconds: float | None = None,
 ) -> dict[str, Any]:
     """The phase. `alive`: the current start's server process lives (None: unknown). `http`: what /health
-    answered (None: not asked)."""
+    answered (None: not asked). `quiet`: seconds since the log last grew (None: unknown); past
+    `stall_seconds` before the ready line, the start is hung."""
     decode_captured, prefill_captured = captured_counts(scan)
     out: dict[str, Any] = {
         "phase": "starting",
@@ -172,11 +175,17 @@ def decide(
             return out | {"phase": "ready"}
         return out | {"phase": "ready", "reason": f"/health answered {http}: not serving now"}
     if capture_open(scan):
-        return out | {"phase": "capturing"}
-    if done:
-        return out | {"phase": "warming_up"}
-    if "load_begin" in scan.seen or "load_end" in scan.seen:
-        return out | {"phase": "loading"}
+        out["phase"] = "capturing"
+    elif done:
+        out["phase"] = "warming_up"
+    elif "load_begin" in scan.seen or "load_end" in scan.seen:
+        out["phase"] = "loading"
+    if quiet is not None and stall_seconds is not None and quiet > stall_seconds:
+        return out | {
+            "phase": "failed",
+            "reason": f"no server log output for {quiet:.0f} s while {out['phase']} (GLM5_STALL_SECONDS="
+            f"{stall_seconds:g}): a hang; NCCL peer-to-peer on PCIe is the known cause (README: a start that hangs)",
+        }
     return out
 
 

@@ -21,6 +21,7 @@ import datetime
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,17 +35,13 @@ def settings_of_this_run(environ: dict[str, str] | os._Environ[str]) -> dict[str
     launch.json (validated by launch at start), else from glm5.toml and the environment."""
     state_dir = environ.get("GLM5_STATE_DIR", "").strip()
     launch = state.read_launch(state_dir) if state_dir.startswith("/") else None
-    if launch is not None and all(k in launch for k in ("log_dir", "port", "health_timeout_seconds")):
-        return {"state_dir": state_dir} | {
-            k: launch[k] for k in ("log_dir", "port", "health_timeout_seconds", "accept_partial_capture")
-        }
+    keys = ("log_dir", "port", "health_timeout_seconds", "accept_partial_capture", "stall_seconds")
+    if launch is not None and all(k in launch for k in keys):
+        return {"state_dir": state_dir} | {k: launch[k] for k in keys}
     from entrypoint import settings  # reads glm5.toml: only before the first start, or offline
 
     values = settings.resolve(environ)
-    return {
-        k: values[k]
-        for k in ("state_dir", "log_dir", "port", "health_timeout_seconds", "accept_partial_capture")
-    }
+    return {k: values[k] for k in ("state_dir", *keys)}
 
 
 def configured_counts(environ: dict[str, str] | os._Environ[str]) -> tuple[int | None, int | None]:
@@ -103,7 +100,15 @@ def parse_args(argv: list[str] | None, run: dict[str, Any]) -> argparse.Namespac
         "--timeout", type=float, default=float(run["health_timeout_seconds"]), help="HTTP timeout (>= 3 s)"
     )
     parser.add_argument("--no-http", action="store_true", help="judge from the log only")
-    parser.add_argument("--live", action="store_true", help="liveness: alive and not failed")
+    parser.add_argument(
+        "--live", action="store_true", help="liveness: alive, not hung, and once ready /health answering"
+    )
+    parser.add_argument(
+        "--stall-seconds",
+        type=float,
+        default=float(run["stall_seconds"]),
+        help="no log output for this long while starting, loading or capturing: failed (a hang)",
+    )
     parser.add_argument("--json", action="store_true", help="print the state as JSON")
     parser.add_argument("--status", action="store_true", help="print one line for people")
     parser.add_argument(
@@ -153,9 +158,25 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
     http = None
     if phase.log_says_ready(scan) and not args.no_http:
         http = http_status(args.url, "/health", args.timeout)
-    result = phase.decide(scan, expected, alive, args.accept_partial, http)
+    quiet = None if offline or not data else log_quiet_seconds(args.log_path)
+    result = phase.decide(scan, expected, alive, args.accept_partial, http, quiet, args.stall_seconds)
+    recorded = None if offline else state.read_failed(args.state.parent)
+    if recorded is not None:  # the entrypoint gave up and waits, showing why
+        result |= {
+            "phase": "failed",
+            "reason": f"{recorded.get('reason')} (exit code {recorded.get('code')}; the container waits: fix it, then restart it)",
+            "failed_code": recorded.get("code"),
+        }
     result["log"] = str(args.log_path)
     return result
+
+
+def log_quiet_seconds(log: Path) -> float | None:
+    """Seconds since the server log was last written (its progress lines, tqdm frames included)."""
+    try:
+        return max(0.0, time.time() - log.stat().st_mtime)
+    except OSError:
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,7 +193,12 @@ def main(argv: list[str] | None = None) -> int:
         now = datetime.datetime.now(datetime.UTC)
         print(phase.status_line(result, seconds_since(result["started_at"], now)))
     if args.live:
-        return 0 if result["phase"] != "failed" else 1
+        # Alive: not failed (a hang while starting is failed), and once ready /health answers; Kubernetes
+        # counts liveness_failures of these in a row before it restarts the container.
+        # A recorded failure passes: a restart cannot fix it and would reload the weights for nothing.
+        if "failed_code" in result:
+            return 0
+        return 0 if result["phase"] != "failed" and result["http"] in (None, 200) else 1
     # Ready to serve: the log says ready and /health answers 200 (a 503 after the ready line: draining, or
     # latched unhealthy by a /health that timed out; the phase stays ready, this probe fails).
     return 0 if result["phase"] == "ready" and result["http"] in (None, 200) else 1

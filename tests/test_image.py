@@ -105,14 +105,16 @@ def test_kubernetes_manifests_validate_strictly(tmp_path: Path) -> None:
     built = tmp_path / "k8s.yaml"
     built.write_text(kustomized())
     kinds = [d["kind"] for d in yaml.safe_load_all(built.read_text())]
-    assert sorted(kinds) == ["Job", "PersistentVolumeClaim", "PersistentVolumeClaim", "Pod", "Service"]
+    assert sorted(kinds) == ["Job", "PersistentVolumeClaim", "Service", "StatefulSet"]
     done = run(tool("kubernetes-validate"), "--strict", "-k", "1.30", str(built))
     assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_kubernetes_image_is_one_setting_and_defaults_to_the_built_one(tmp_path: Path) -> None:
     objects = list(yaml.safe_load_all(kustomized()))
-    specs = [o["spec"]["template"]["spec"] if o["kind"] == "Job" else o["spec"] for o in objects]
+    specs = [
+        o["spec"]["template"]["spec"] if o["kind"] in ("Job", "StatefulSet") else o["spec"] for o in objects
+    ]
     images = {
         c["image"] for s in specs if "containers" in s for c in s["containers"] + s.get("initContainers", [])
     }
@@ -135,7 +137,7 @@ def test_weights_are_filled_by_a_job_and_read_only_to_the_server() -> None:
     assert download["args"] == ["download"]
     token = next(e for e in download["env"] if e["name"] == "HF_TOKEN")["valueFrom"]["secretKeyRef"]
     assert token["optional"] is True  # public repositories need no token
-    pod = objects["Pod"]["spec"]
+    pod = objects["StatefulSet"]["spec"]["template"]["spec"]
     (init,) = pod["initContainers"]
     assert init["args"] == ["/opt/glm5/entrypoint/download", "--wait"]
     for container in (init, pod["containers"][0]):
@@ -146,8 +148,10 @@ def test_weights_are_filled_by_a_job_and_read_only_to_the_server() -> None:
 
 
 def test_kubernetes_validator_can_fail(tmp_path: Path) -> None:
-    bad = tmp_path / "pod.yaml"
-    bad.write_text((ROOT / "k8s/pod.yaml").read_text().replace("timeoutSeconds: 10", "timeoutSecond: 10", 1))
+    bad = tmp_path / "statefulset.yaml"
+    bad.write_text(
+        (ROOT / "k8s/statefulset.yaml").read_text().replace("timeoutSeconds: 30", "timeoutSecond: 30", 1)
+    )
     assert run(tool("kubernetes-validate"), "--strict", "-k", "1.30", str(bad)).returncode != 0
 
 

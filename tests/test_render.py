@@ -58,7 +58,8 @@ def run_render(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def pod(root: Path) -> dict:  # type: ignore[type-arg]
-    return yaml.safe_load((root / "k8s/pod.yaml").read_text())  # type: ignore[no-any-return]
+    statefulset = yaml.safe_load((root / "k8s/statefulset.yaml").read_text())
+    return statefulset["spec"]["template"]  # type: ignore[no-any-return]
 
 
 def compose(root: Path) -> dict:  # type: ignore[type-arg]

@@ -248,8 +248,20 @@ def test_a_drain_above_the_rendered_grace_is_refused() -> None:
 
 def test_the_health_timeout_fits_inside_the_probes_own_timeout() -> None:
     assert problems_of({"GLM5_HEALTH_TIMEOUT": "30"}) == [
-        "GLM5_HEALTH_TIMEOUT: '30' is out of range; fix: use a value in 3..9"
+        "GLM5_HEALTH_TIMEOUT: '30' is out of range; fix: use a value in 3..29"
     ]
+
+
+def test_the_probes_wait_longer_than_the_servers_own_health_check() -> None:
+    """SGLang's /health waits SGLANG_HEALTH_CHECK_TIMEOUT (20 s) for the scheduler, then marks itself unhealthy:
+    a probe that gives up first cannot tell a busy server from a stuck one."""
+    assert problems_of({"GLM5_HEALTH_TIMEOUT": "10"}) == [
+        "GLM5_HEALTH_TIMEOUT: 10 s is not above the server's own /health wait (SGLANG_HEALTH_CHECK_TIMEOUT=20); "
+        "fix: set GLM5_HEALTH_TIMEOUT above 20 (and below the probe command's timeout), or lower "
+        "SGLANG_HEALTH_CHECK_TIMEOUT"
+    ]
+    assert config.resolve({"GLM5_HEALTH_TIMEOUT": "10", "SGLANG_HEALTH_CHECK_TIMEOUT": "5"}).values
+    assert config.resolve({}).values["health_timeout_seconds"] == 25
 
 
 def test_a_short_api_key_is_refused() -> None:

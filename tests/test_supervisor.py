@@ -11,6 +11,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -49,7 +50,7 @@ def test_crash_restarts_with_a_new_marker(tmp_path: Path, containers: list[Conta
 
 
 def test_repeated_failure_goes_fatal_and_exits_non_zero(tmp_path: Path, containers: list[Container]) -> None:
-    c = start(tmp_path, "crash-loading")
+    c = start(tmp_path, "crash-loading", GLM5_ON_FAILURE="exit")
     containers.append(c)
     assert c.proc.wait(timeout=60) == 70
     assert "went FATAL" in c.entrypoint_output.read_text()
@@ -71,7 +72,12 @@ def test_sigterm_drain_is_bounded(tmp_path: Path, containers: list[Container]) -
 
 
 def test_preflight_failure_stops_before_supervisord(tmp_path: Path, containers: list[Container]) -> None:
-    c = start(tmp_path, GLM5_SKIP_PREFLIGHT="gpu,shm,flashinfer,flags", GLM5_MODEL_DIR=str(tmp_path / "none"))
+    c = start(
+        tmp_path,
+        GLM5_SKIP_PREFLIGHT="gpu,shm,flashinfer,flags",
+        GLM5_MODEL_DIR=str(tmp_path / "none"),
+        GLM5_ON_FAILURE="exit",
+    )
     containers.append(c)
     assert c.proc.wait(timeout=30) == 30
     assert "hf download nvidia/GLM-5-NVFP4" in c.entrypoint_output.read_text()
@@ -304,3 +310,61 @@ def test_an_unwritable_log_dir_is_named_with_its_fix(tmp_path: Path, containers:
     assert c.proc.wait(timeout=30) == 3
     out = c.entrypoint_output.read_text()
     assert f"GLM5_LOG_DIR={blocker / 'log'}: cannot create it" in out and "mount a writable folder" in out
+
+
+def probe_json(c: Container, *args: str) -> tuple[int, dict[str, Any]]:
+    done = subprocess.run(
+        [str(ROOT / "healthcheck/healthcheck"), "--json", *args],
+        env=c.target.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return done.returncode, json.loads(done.stdout.splitlines()[0])
+
+
+def wait_for_recorded_failure(c: Container) -> dict[str, Any]:
+    deadline = time.monotonic() + 60
+    while True:
+        _, found = probe_json(c)
+        if "failed_code" in found:
+            return found
+        assert c.proc.poll() is None, f"the container exited ({c.proc.poll()}) instead of waiting"
+        assert time.monotonic() < deadline, found
+        time.sleep(0.3)
+
+
+def test_a_server_that_keeps_failing_stays_up_failed_instead_of_reloading(
+    tmp_path: Path, containers: list[Container]
+) -> None:
+    """GLM5_ON_FAILURE=wait (the default): after FATAL the container waits, unhealthy, with the reason; no restart
+    policy sees an exit, so the weights are loaded 1 + GLM5_START_RETRIES times in all, not forever."""
+    c = start(tmp_path, "crash-loading")
+    containers.append(c)
+    found = wait_for_recorded_failure(c)
+    assert found["phase"] == "failed" and found["failed_code"] == 70
+    assert "went FATAL" in found["reason"] and "TllmGenFmhaRunner" in found["reason"]
+    assert probe_json(c)[0] == 1  # not ready
+    assert probe_json(c, "--live")[0] == 0  # and not restarted: a restart cannot fix it
+    time.sleep(2)
+    assert c.proc.poll() is None and c.output().count("glm5-serve: server start #") == 2
+    c.proc.send_signal(signal.SIGTERM)
+    assert c.proc.wait(timeout=15) == 70  # the code, at the stop
+    assert c.leftovers() == []
+
+
+def test_an_empty_model_folder_is_one_clear_message_and_no_loop(
+    tmp_path: Path, containers: list[Container]
+) -> None:
+    """What Docker leaves when GLM5_MODEL_HOST_DIR does not exist on the host: an empty folder."""
+    empty = tmp_path / "models"
+    empty.mkdir()
+    c = start(tmp_path, GLM5_SKIP_PREFLIGHT="gpu,shm,flashinfer,flags", GLM5_MODEL_DIR=str(empty))
+    containers.append(c)
+    found = wait_for_recorded_failure(c)
+    assert found["failed_code"] == 30
+    assert found["reason"].startswith(f"preflight: GLM5_MODEL_HOST_DIR: {empty} is empty")
+    assert "docker compose run --rm glm5 download" in found["reason"] and "hf download" in found["reason"]
+    assert not c.log.exists()  # no server was started, so nothing was loaded
+    c.proc.send_signal(signal.SIGTERM)
+    assert c.proc.wait(timeout=15) == 30

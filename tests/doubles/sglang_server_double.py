@@ -9,7 +9,18 @@ ready line), then serves the HTTP contract the kit relies on: /health 503 until 
 
 Behaviour is chosen with SGLANG_DOUBLE_MODE (comma list): ok, crash-loading, oom-capture,
 short-capture, never-ready, slow-drain (a request that never finishes), slow-stream (50 ms per streamed
-chunk), empty-text, wrong-answer, wrong-model, no-tools, no-reasoning, crash-once.
+chunk), empty-text, wrong-answer, wrong-model, no-tools, no-reasoning, crash-once, long-prefill (after
+ready the scheduler runs forward steps of SGLANG_DOUBLE_STEP seconds, default 3: a long chunked prefill),
+stuck (SGLANG_DOUBLE_STUCK_AFTER seconds after ready the scheduler's step never ends: a hung NCCL
+collective), hang-loading (the log stops
+during weight loading, the process lives).
+
+/health and /ready as 0.5.23 (entrypoints/http_server.py health_generate and ready, managers/
+tokenizer_manager.py is_healthy/is_ready): both 503 while starting or draining; /health sends a one-token
+request and polls every 1 s for any output from the scheduler (which comes when its current forward step
+ends), 200 and status Up when one came, else after SGLANG_HEALTH_CHECK_TIMEOUT (20 s) it logs "Health check
+failed..." and latches status UnHealthy: /ready then answers 503 until a later /health succeeds, and a
+SIGTERM force-exits with no drain (tokenizer_manager.py sigterm_watchdog).
 SGLANG_DOUBLE_TICK scales the pauses (seconds per step, default 0.01); SGLANG_DOUBLE_DRAIN_POLL stands for
 the 5 s sleeps of 0.5.23's drain loop (default 0.5).
 
@@ -54,7 +65,13 @@ ANSWERS = {
     "count to 60": " ".join(map(str, range(1, 61))),
 }
 DRAIN_POLL = float(os.environ.get("SGLANG_DOUBLE_DRAIN_POLL", "0.5"))
-STATE = {"ready": False, "requests": 0, "prompt_tokens": 0, "generation_tokens": 0, "draining": False}
+STATE: dict[str, Any] = {
+    "ready": False, "requests": 0, "prompt_tokens": 0, "generation_tokens": 0, "draining": False,
+    "status": "Starting",  # ServerStatus: Starting, Up, UnHealthy
+    "last_receive": 0.0,  # tokenizer_manager.last_receive_tstamp: the scheduler's last output
+}  # fmt: skip
+HEALTH_CHECK_TIMEOUT = int(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", "20"))
+STEP = float(os.environ.get("SGLANG_DOUBLE_STEP", "3")) if "long-prefill" in MODES else TICK
 IN_FLIGHT: set[str] = set()  # rid_to_state
 SCHEDULERS: list[subprocess.Popen[bytes]] = []
 
@@ -118,6 +135,8 @@ def startup(args: argparse.Namespace) -> None:
     time.sleep(TICK * 5)
     if "crash-loading" in MODES or ("crash-once" in MODES and first_start()):
         traceback_exit("runtime")
+    if "hang-loading" in MODES:  # a hung collective while loading: alive, silent
+        time.sleep(3600)
     for rank in range(args.tp_size):
         log(
             "Load weight end. elapsed=36.12 s, type=GlmMoeDsaForCausalLM, quant=modelopt_fp4, avail mem=37.51 GB, mem usage=57.11 GB.",
@@ -190,6 +209,11 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def send_status(self, code: int) -> None:  # fastapi Response(status_code=...): an empty body
+        self.send_response(code)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
     def authorized(self) -> bool:
         key = self.args.api_key
         if key and self.headers.get("Authorization") != f"Bearer {key}":
@@ -202,9 +226,10 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         path = self.path.split("?")[0]
-        if path in ("/health", "/health_generate", "/ready", "/ping"):
-            ok = STATE["ready"] and not STATE["draining"]
-            self.send_json(200 if ok else 503, {} if ok else {"error": "starting"})
+        if path in ("/health", "/health_generate"):
+            self.send_status(health_generate())
+        elif path == "/ready":
+            self.send_status(200 if STATE["status"] == "Up" and not STATE["draining"] else 503)
         elif path == "/metrics":
             self.send_metrics()
         elif not self.authorized():
@@ -478,6 +503,35 @@ def scheduler_child() -> None:
         time.sleep(1)
 
 
+def health_generate() -> int:
+    if STATE["draining"] or STATE["status"] == "Starting":
+        return 503
+    tic = time.time()
+    while time.time() < tic + HEALTH_CHECK_TIMEOUT:
+        time.sleep(1)
+        if STATE["last_receive"] > tic:
+            STATE["status"] = "Up"
+            return 200
+    log(
+        f"Health check failed. Server couldn't get a response from detokenizer for last {HEALTH_CHECK_TIMEOUT} "
+        f"seconds. tic start time: {time.strftime('%H:%M:%S', time.localtime(tic))}. last_heartbeat time: "
+        f"{time.strftime('%H:%M:%S', time.localtime(STATE['last_receive']))}"
+    )
+    STATE["status"] = "UnHealthy"
+    return 503
+
+
+def scheduler_steps() -> None:
+    """The schedulers' forward steps as the HTTP side sees them: an output at the end of each step (a
+    request, or /health's one token, is answered when the step it joined ends). `stuck`: none ever ends."""
+    stuck_at = time.time() + float(os.environ.get("SGLANG_DOUBLE_STUCK_AFTER", "0"))
+    while True:
+        if "stuck" in MODES and time.time() >= stuck_at:
+            time.sleep(3600)
+        time.sleep(STEP)
+        STATE["last_receive"] = time.time()
+
+
 def main() -> None:
     if sys.argv[1:2] == ["--scheduler-child"]:
         scheduler_child()
@@ -494,6 +548,10 @@ def main() -> None:
 
     def drain(_sig: int, _frame: Any) -> None:  # SignalHandler.sigterm_handler
         log(f"SIGTERM received. signum={_sig} frame=None. Draining requests and shutting down...")
+        if STATE["status"] == "UnHealthy":  # sigterm_watchdog: no drain after a failed health check
+            log("Signal SIGTERM received while health check failed. Force exiting.")
+            child.kill()
+            os._exit(1)
         STATE["draining"] = True
 
     def watchdog() -> None:  # TokenizerManager.sigterm_watchdog
@@ -534,6 +592,8 @@ def warm_up(first_request: Any) -> None:
         IN_FLIGHT.add("double-stuck")  # a request that never finishes: the drain never ends by itself
     log('127.0.0.1:40000 - "POST /generate HTTP/1.1" 200')
     STATE["ready"] = True
+    STATE["status"] = "Up"
+    threading.Thread(target=scheduler_steps, daemon=True).start()
     log("The server is fired up and ready to roll!")
 
 

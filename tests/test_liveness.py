@@ -1,0 +1,91 @@
+"""Readiness that does not flap and liveness that catches hangs, against the server double's model of SGLang
+0.5.23's /health and /ready (per-step answers, the 20 s UnHealthy latch; tests/doubles/sglang_server_double.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from conftest import ROOT
+from helpers.container import Container, start
+
+HEALTHCHECK = ROOT / "healthcheck" / "healthcheck"
+
+
+def probe(c: Container, *args: str) -> tuple[int, dict[str, Any]]:
+    done = subprocess.run(
+        [str(HEALTHCHECK), "--json", *args], env=c.target.env, capture_output=True, text=True, timeout=60
+    )
+    return done.returncode, json.loads(done.stdout.splitlines()[0])
+
+
+def status(c: Container, path: str) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{c.port}{path}", timeout=30) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def test_a_long_prefill_step_keeps_the_server_ready(tmp_path: Path, containers: list[Container]) -> None:
+    """Forward steps of 3 s: /health answers after the step (plus its 1 s poll), well inside the probe's wait."""
+    c = start(tmp_path, "long-prefill", SGLANG_DOUBLE_STEP="3")
+    containers.append(c)
+    c.wait_healthy()
+    for _ in range(3):
+        began = time.monotonic()
+        code, found = probe(c)
+        assert (code, found["phase"], found["http"]) == (0, "ready", 200), found
+        assert time.monotonic() - began >= 1  # /health waited for a step to end
+        assert probe(c, "--live")[0] == 0
+    assert status(c, "/ready") == 200
+
+
+def test_a_stuck_scheduler_fails_readiness_then_liveness(tmp_path: Path, containers: list[Container]) -> None:
+    c = start(
+        tmp_path,
+        "stuck",
+        SGLANG_DOUBLE_STUCK_AFTER="4",
+        SGLANG_HEALTH_CHECK_TIMEOUT="2",
+        GLM5_HEALTH_TIMEOUT="4",
+    )
+    containers.append(c)
+    c.wait_healthy()
+    time.sleep(4)
+    assert status(c, "/ready") == 200  # nothing has asked /health yet: /ready alone cannot see the hang
+    code, found = probe(c)
+    assert code == 1 and found["phase"] == "ready" and found["http"] == 503, found
+    assert found["reason"] == "/health answered 503: not serving now"
+    assert (
+        "Health check failed. Server couldn't get a response from detokenizer for last 2 seconds"
+        in c.output()
+    )
+    assert status(c, "/ready") == 503  # latched UnHealthy for every caller
+    assert probe(c, "--live")[0] == 1  # Kubernetes restarts it after liveness_failures of these in a row
+    # A stop now is not drained (0.5.23's sigterm_watchdog force-exits an unhealthy server).
+    os.kill(c.target.proc.pid, signal.SIGTERM)
+    c.target.proc.wait(timeout=30)
+    assert "Signal SIGTERM received while health check failed. Force exiting." in c.output()
+
+
+def test_a_start_with_no_log_progress_is_a_hang(tmp_path: Path, containers: list[Container]) -> None:
+    c = start(tmp_path, "hang-loading")
+    containers.append(c)
+    deadline = time.monotonic() + 30
+    while probe(c)[1]["phase"] != "loading":
+        assert time.monotonic() < deadline, c.output()
+        time.sleep(0.2)
+    assert probe(c, "--live")[0] == 0  # a slow start is never a liveness failure by itself
+    time.sleep(2.5)
+    code, found = probe(c, "--stall-seconds", "2")
+    assert code == 1 and found["phase"] == "failed", found
+    assert found["reason"].startswith("no server log output for ") and "while loading" in found["reason"]
+    assert probe(c, "--live", "--stall-seconds", "2")[0] == 1
+    assert probe(c, "--live")[0] == 0  # the default stall bound (30 min) is far away
