@@ -66,6 +66,7 @@ def values(cfg: Mapping[str, Any]) -> dict[str, Any]:
     probe = f"{v['home']}/healthcheck/healthcheck"
     v["readiness_command_json"] = json.dumps([probe, "--status"])
     v["liveness_command_json"] = json.dumps([probe, "--live", "--status"])
+    v["startup_command_json"] = json.dumps([probe, "--started", "--status"])
     v["compose_readiness_json"] = json.dumps(["CMD", probe, "--status"])
     v["api_key_dir"] = "/run/secrets/glm5"
     problems = [

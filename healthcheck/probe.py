@@ -2,7 +2,8 @@
 counts and /health answers 200; otherwise says which phase the start is in.
 
     healthcheck/healthcheck                   readiness (Docker HEALTHCHECK, k8s startup/readiness)
-    healthcheck/healthcheck --live            liveness: alive and not failed (never fails a slow start)
+    healthcheck/healthcheck --live            liveness: alive, not hung; once ready /health answers (a slow start passes)
+    healthcheck/healthcheck --started         startup: ready, or failed (the start is over either way)
     healthcheck/healthcheck --status          one line for people
     healthcheck/healthcheck --json            the state as one JSON object
     healthcheck/healthcheck --log FILE --no-http --json    judge a saved log alone
@@ -104,6 +105,11 @@ def parse_args(argv: list[str] | None, run: dict[str, Any]) -> argparse.Namespac
         "--live", action="store_true", help="liveness: alive, not hung, and once ready /health answering"
     )
     parser.add_argument(
+        "--started",
+        action="store_true",
+        help="startup: the start is over, ready or failed (liveness and readiness take over from there)",
+    )
+    parser.add_argument(
         "--stall-seconds",
         type=float,
         default=float(run["stall_seconds"]),
@@ -192,6 +198,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.status or not args.json:
         now = datetime.datetime.now(datetime.UTC)
         print(phase.status_line(result, seconds_since(result["started_at"], now)))
+    if args.started:
+        # Kubernetes' startup probe: done once ready, and also once failed, so that liveness judges a hang
+        # (restart) and a recorded failure (wait) instead of the startup budget restarting either blindly.
+        return (
+            0
+            if result["phase"] == "failed" or (result["phase"] == "ready" and result["http"] in (None, 200))
+            else 1
+        )
     if args.live:
         # Alive: not failed (a hang while starting is failed), and once ready /health answers; Kubernetes
         # counts liveness_failures of these in a row before it restarts the container.

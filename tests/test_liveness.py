@@ -83,9 +83,11 @@ def test_a_start_with_no_log_progress_is_a_hang(tmp_path: Path, containers: list
         assert time.monotonic() < deadline, c.output()
         time.sleep(0.2)
     assert probe(c, "--live")[0] == 0  # a slow start is never a liveness failure by itself
+    assert probe(c, "--started")[0] == 1  # and not started yet
     time.sleep(2.5)
     code, found = probe(c, "--stall-seconds", "2")
     assert code == 1 and found["phase"] == "failed", found
     assert found["reason"].startswith("no server log output for ") and "while loading" in found["reason"]
     assert probe(c, "--live", "--stall-seconds", "2")[0] == 1
+    assert probe(c, "--started", "--stall-seconds", "2")[0] == 0  # over: liveness restarts it from here
     assert probe(c, "--live")[0] == 0  # the default stall bound (30 min) is far away

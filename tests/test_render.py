@@ -155,7 +155,11 @@ def test_the_rendered_files_keep_their_rules() -> None:
     container = p["spec"]["containers"][0]
     assert c["ports"][0].startswith("${GLM5_BIND:-127.0.0.1}:")
     assert container["livenessProbe"]["exec"]["command"][-2:] == ["--live", "--status"]
-    assert container["startupProbe"]["exec"]["command"] == container["readinessProbe"]["exec"]["command"]
+    assert container["startupProbe"]["exec"]["command"] == [
+        *container["readinessProbe"]["exec"]["command"][:1],
+        "--started",
+        "--status",
+    ]
     assert c["healthcheck"]["test"][1:] == container["readinessProbe"]["exec"]["command"]
     key_file = {e["name"]: e.get("value") for e in container["env"]}["GLM5_API_KEY_FILE"]
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}

@@ -346,6 +346,9 @@ def test_a_server_that_keeps_failing_stays_up_failed_instead_of_reloading(
     assert "went FATAL" in found["reason"] and "TllmGenFmhaRunner" in found["reason"]
     assert probe_json(c)[0] == 1  # not ready
     assert probe_json(c, "--live")[0] == 0  # and not restarted: a restart cannot fix it
+    assert (
+        probe_json(c, "--started")[0] == 0
+    )  # the start is over: the startup budget does not restart it either
     time.sleep(2)
     assert c.proc.poll() is None and c.output().count("glm5-serve: server start #") == 2
     c.proc.send_signal(signal.SIGTERM)
