@@ -27,7 +27,7 @@ from xml.sax.saxutils import escape
 
 import openai
 
-from ci import readiness
+from ci import host_versions, readiness
 from common.report import FAILED, INVALID_SETTING, NEVER_READY, OK, Log, Problems
 from entrypoint import settings
 
@@ -267,6 +267,11 @@ def main() -> int:
     smoke = Smoke(conn, model, a.request_timeout)
     a.report_dir.mkdir(parents=True, exist_ok=True)
     since = None if a.url else readiness.now()  # a running server's current start counts, whenever it began
+    too_old = [] if a.url else host_versions.problems(*host_versions.read())
+    for line in too_old:
+        print(f"{PROG}: FAIL host: {line}", file=sys.stderr)
+    if too_old:
+        return FAILED
     try:
         if a.url is None:
             print(f"{PROG}: docker compose up -d glm5", flush=True)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from ci import host_versions
 from conftest import ROOT
 from helpers.container import Container, start
 
@@ -116,3 +117,21 @@ def test_smoke_reports_a_failed_start_with_its_reason(tmp_path: Path, containers
     done, _ = smoke(c, timeout="30")
     assert done.returncode == 4  # NEVER_READY
     assert "out of memory" in done.stderr
+
+
+def test_the_host_needs_docker_25_and_compose_2_24() -> None:
+    """Real output shapes: `docker version --format {{.Server.Version}}` and `docker compose version --short`
+    (2.33.1 from getsentry/self-hosted#3605; v2.2.3 before Compose 2.3.3, docker/compose#9272; Docker 20.10's
+    plugin: "unknown flag: --short", devcontainers/cli#650)."""
+    assert host_versions.problems("27.3.1\n", "2.33.1\n") == []
+    assert host_versions.problems("25.0.0", "v2.24.0") == []
+    old = host_versions.problems("24.0.7\n", "v2.2.3\n")
+    assert (
+        len(old) == 2 and "Docker Engine 24.0.7 is older than 25.0" in old[0] and "start_interval" in old[0]
+    )
+    assert "Docker Compose v2.2.3 is older than 2.24" in old[1]
+    unreadable = host_versions.problems("27.3.1", "unknown flag: --short\nSee 'docker --help'.\n")
+    assert len(unreadable) == 1 and unreadable[0].startswith("Docker Compose version unreadable (")
+    assert "unknown flag: --short" in unreadable[0] and unreadable[0].endswith(
+        "2.24 or newer is needed for env_file's required: false"
+    )
