@@ -22,9 +22,9 @@ from common.report import Log, Problem
 GPU_QUERY = "index,pci.bus_id,name,compute_cap,memory.total,driver_version"
 VERIFY = Path(__file__).resolve().parent.parent / "patches" / "verify"  # the thin executable
 ARCHITECTURE = "GlmMoeDsaForCausalLM"
-PARSE_FLAGS = (
-    "import sys; from sglang.srt.server_args import prepare_server_args; prepare_server_args(sys.argv[1:])"
-)
+RESOLVE_FLAGS = (
+    Path(__file__).resolve().parent / "resolve_flags.py"
+)  # stand-alone: run by the server's Python
 
 # Exit codes, one per kind of failure (README: "Preflight exit codes").
 NVIDIA_SMI_MISSING = 10
@@ -335,17 +335,25 @@ def check_flashinfer(verify: Path = VERIFY) -> list[Problem]:
 
 
 def check_flags(server_args: list[str], python: str = sys.executable) -> list[Problem]:
-    """Parse the server flags with sglang's own parser, as the server will (no GPU needed)."""
+    """Parse and resolve the server flags with sglang's own code, as the server will before it loads anything
+    (entrypoint/resolve_flags.py: argparse, resolve_once with the model's config, check_server_args)."""
+    env = dict(os.environ) | {"HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
     done = subprocess.run(
-        [python, "-c", PARSE_FLAGS, *server_args], capture_output=True, text=True, check=False, timeout=300
+        [python, str(RESOLVE_FLAGS), *server_args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+        env=env,
     )
     if done.returncode == 0:
         return []
-    last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+    lines = [ln for ln in done.stderr.strip().splitlines() if ln.strip() and not ln.startswith("[")]
+    last = (lines or ["(no output)"])[-1]
     return [
         Problem(
             "GLM5_EXTRA_ARGS",
-            f"sglang's parser refused the server flags: {last}; "
+            f"sglang refused the server flags: {last}; "
             "fix or remove the flag (entrypoint/launch --dry-run shows the command)",
             code=SERVER_FLAGS,
         )

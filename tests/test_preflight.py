@@ -210,15 +210,27 @@ def test_flashinfer_check_uses_patches_verify(
     assert "run patches/apply" in preflight.check_flashinfer()[0].message
 
 
-def test_server_flags_go_through_sglangs_parser(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PYTHONPATH", str(ROOT / "tests" / "stubs"))
-    argv = config.resolve({}).argv[3:]
-    assert preflight.check_flags(argv) == []
-    findings = preflight.check_flags([*argv, "--no-such-flag"])
-    assert (
-        findings[0].code == preflight.SERVER_FLAGS
-        and "unrecognized arguments: --no-such-flag" in findings[0].message
-    )
+BENCH_PYTHON = (
+    ROOT / ".venv-bench" / "bin" / "python"
+)  # torch 2.14.1 with transformers and triton, as the image
+GLM5_CONFIG = ROOT / "tests" / "fixtures" / "glm5-config"
+
+
+@pytest.mark.skipif(not BENCH_PYTHON.exists(), reason="ci/setup-test-env bench makes .venv-bench")
+def test_server_flags_go_through_sglangs_own_resolution() -> None:
+    """argparse, then resolve_once with the model's config and check_server_args: combinations only the
+    resolution refuses fail at preflight, in seconds, not after the load."""
+    argv = config.resolve({"GLM5_MODEL_DIR": str(GLM5_CONFIG)}).public_argv()[3:]
+    assert preflight.check_flags(argv, str(BENCH_PYTHON)) == []
+    for extra, said in (
+        (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),  # argparse
+        (["--attn-dp-size", "3"], "AssertionError: (an assertion without a message)"),  # resolve_once
+        (["--context-length", "999999999"], "is greater than the derived context_length (202752)"),
+        (["--retraction-policy", "priority"], "requires --enable-priority-scheduling"),  # check_server_args
+    ):
+        found = preflight.check_flags([*argv, *extra], str(BENCH_PYTHON))
+        assert [f.code for f in found] == [preflight.SERVER_FLAGS], (extra, found)
+        assert said in found[0].message, found[0].message
 
 
 def test_skip_setting_is_validated_and_logged(tmp_path: Path) -> None:
