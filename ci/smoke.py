@@ -287,6 +287,7 @@ def main() -> int:
             write_reports(a.report_dir, failed, smoke.metrics)
             return NEVER_READY
         smoke.metrics["time_to_ready_s"] = round(waited.seconds, 1)
+        smoke.metrics["doctor_warnings"] = (waited.state or {}).get("doctor_warnings", [])
         results = run_checks(smoke)
     finally:
         if a.url is None and not a.keep:

@@ -2,6 +2,7 @@
 # Container entrypoint (PID 1): validate and preflight, then run the server under supervisord.
 #   entrypoint.sh            serve (the default)
 #   entrypoint.sh download   download the weights into the model folder and check them (entrypoint/download)
+#   entrypoint.sh doctor     inspect the box: GPUs, MIG, PCIe links, topology, P2P, IOMMU, ACS, power (entrypoint/doctor)
 #   entrypoint.sh CMD ...    run CMD instead (e.g. entrypoint/launch --dry-run, bash)
 # Exit codes (common/report.py): 2 arguments after serve, those of `launch --prepare` (3, 10-42),
 # 70 when the server went FATAL, else supervisord's. After a failure it stays up until stopped
@@ -75,8 +76,8 @@ run_supervisor() {
 }
 
 main() {
-  if [[ ${1:-} == download ]]; then
-    exec "$GLM5_HOME/entrypoint/download" "${@:2}"
+  if [[ ${1:-} == download || ${1:-} == doctor ]]; then
+    exec "$GLM5_HOME/entrypoint/$1" "${@:2}"
   elif [[ $# -gt 0 && $1 != serve ]]; then
     exec "$@"
   fi

@@ -62,7 +62,11 @@ def prepare(effective: config.Effective) -> int:
     state.clear_fatal(values["state_dir"])
     state.clear_failed(values["state_dir"])
     state.remove_server_config(values["state_dir"])  # a killed run's copy of the key goes
-    problems = preflight.run(values, os.environ, LOG, effective.public_argv()[len(config.SERVER_PROGRAM) :])
+    warnings: list[dict[str, str]] = []
+    problems = preflight.run(
+        values, os.environ, LOG, effective.public_argv()[len(config.SERVER_PROGRAM) :], warnings=warnings
+    )
+    state.write_doctor(values["state_dir"], warnings)
     checks = settings.declarations()["GLM5_SKIP_PREFLIGHT"].choices
     if problems:
         state.write_failed(
@@ -91,7 +95,12 @@ def serve(effective: config.Effective) -> int:
     if replacement:
         argv = replacement + argv[len(config.SERVER_PROGRAM) :]
     started_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    record = effective.state(os.environ) | {"start": start, "pid": os.getpid(), "started_at": started_at}
+    record = effective.state(os.environ) | {
+        "start": start,
+        "pid": os.getpid(),
+        "started_at": started_at,
+        "doctor_warnings": state.read_doctor(state_dir),
+    }
     state.write_launch(state_dir, record)
     marker = state.marker_line(
         start, started_at, os.getpid(), record["decode_expected"], record["prefill_expected"]

@@ -35,6 +35,8 @@ GPU_PRODUCT = 14
 GPU_COMPUTE_CAPABILITY = 15
 GPU_MEMORY = 16
 GPU_DRIVER = 17
+GPU_MIG = 18  # the doctor's mig check: MIG mode on, or a MIG slice visible
+DOCTOR_CHECKS = ("mig", "pcie_link", "topology", "p2p", "iommu", "power")  # the doctor's fast checks run here
 SHM_TOO_SMALL = 20
 MODEL_DIR_MISSING = 30
 MODEL_CONFIG = 31
@@ -360,6 +362,24 @@ def check_flags(server_args: list[str], python: str = sys.executable) -> list[Pr
     ]
 
 
+def doctor_findings(
+    values: Mapping[str, Any], environ: Mapping[str, str], log: Log, warnings: list[dict[str, str]]
+) -> list[Problem]:
+    """The doctor's fast checks (entrypoint/doctor.py): a fail stops the start, a warn is logged and kept."""
+    from dataclasses import asdict
+
+    from entrypoint import doctor
+
+    problems = []
+    for found in doctor.run(doctor.Box(environ), values, DOCTOR_CHECKS):
+        if found.status == "fail":
+            problems.append(Problem("GPUs", f"{found.name}: {found.detail}", found.fix, code=GPU_MIG))
+        elif found.status == "warn":
+            log.warning(f"doctor: {found.name}: {found.detail}; fix: {found.fix}")
+            warnings.append(asdict(found))
+    return problems
+
+
 def run(
     values: Mapping[str, Any],
     environ: Mapping[str, str],
@@ -367,8 +387,10 @@ def run(
     server_args: list[str],
     gpu_csv: str | None = None,
     shm: Path = Path("/dev/shm"),
+    warnings: list[dict[str, str]] | None = None,
 ) -> list[Problem]:
-    """Every check not in GLM5_SKIP_PREFLIGHT (values["skip_preflight"]); all problems, collected."""
+    """Every check not in GLM5_SKIP_PREFLIGHT (values["skip_preflight"]); all problems, collected. The doctor's
+    warnings are logged and appended to `warnings` (launch records them in launch.json)."""
     skip: set[str] = values["skip_preflight"]
     problems: list[Problem] = []
     for name in sorted(skip):
@@ -379,6 +401,7 @@ def run(
             problems += [failure] if failure else []
         if gpu_csv is not None:
             problems += check_gpus(gpu_csv, values, environ)
+            problems += doctor_findings(values, environ, log, warnings if warnings is not None else [])
     if "shm" not in skip:
         problems += check_shm(values, shm)
     if "model" not in skip:

@@ -8,6 +8,7 @@ the start marker line in the server log. Only this module names them.
 | `capture.json` | healthcheck | healthcheck | the capture facts of a start once capture is done (the log's tail window may lose them later); written only when it changes |
 | `fatal` | entrypoint/on-fatal | entrypoint.sh (exit 70) | why the server went FATAL; removed when the container starts |
 | `failed.json` | launch --prepare (preflight), entrypoint/on-fatal (FATAL) | healthcheck, people | a failure a restart cannot fix: `{"code", "reason", "at"}`; the container stays up showing it (GLM5_ON_FAILURE=wait); removed at the next prepare |
+| `doctor.json` | launch --prepare | launch --serve (into launch.json as `doctor_warnings`) | the doctor's warnings about this box |
 | `server-config.yaml` | launch --serve | the server (`--config`) | options that must be on no command line (the API key); mode 0600, removed when the server exits; the state dir is a tmpfs in compose and the pod |
 | `supervisord.pid`, `supervisor.sock` | supervisord | supervisorctl | supervisord's own (named in supervisord.conf) |
 | marker line in server.log | launch --serve | healthcheck (logscan) | `===== glm5-serve: server start #N at ISO-TIME pid P: ... =====`: everything after the last marker is the current start |
@@ -33,7 +34,8 @@ STARTS = "starts"
 FATAL = "fatal"
 SERVER_CONFIG = "server-config.yaml"
 FAILED = "failed.json"
-FILES = (STARTS, LAUNCH, CAPTURE, FATAL, SERVER_CONFIG, FAILED)
+DOCTOR = "doctor.json"
+FILES = (STARTS, LAUNCH, CAPTURE, FATAL, SERVER_CONFIG, FAILED, DOCTOR)
 MARKER_TEXT = "glm5-serve: server start #"
 MARKER = re.compile(
     rb"glm5-serve: server start #(\d+) at (\S+)(?: pid \d+: decode graphs expected (\d+), prefill (\d+))?"
@@ -120,6 +122,18 @@ def read_failed(state_dir: str | Path) -> dict[str, Any] | None:
 
 def clear_failed(state_dir: str | Path) -> None:
     path(state_dir, FAILED).unlink(missing_ok=True)
+
+
+def write_doctor(state_dir: str | Path, warnings: list[dict[str, str]]) -> None:
+    path(state_dir, DOCTOR).write_text(json.dumps(warnings) + "\n")
+
+
+def read_doctor(state_dir: str | Path) -> list[dict[str, str]]:
+    try:
+        found = json.loads(path(state_dir, DOCTOR).read_text())
+    except (OSError, ValueError):
+        return []
+    return found if isinstance(found, list) else []
 
 
 def write_server_config(state_dir: str | Path, options: dict[str, str]) -> Path:

@@ -173,6 +173,8 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
             "reason": f"{recorded.get('reason')} (exit code {recorded.get('code')}; the container waits: fix it, then restart it)",
             "failed_code": recorded.get("code"),
         }
+    if current is not None and current.get("doctor_warnings"):
+        result["doctor_warnings"] = [f"{w['name']}: {w['detail']}" for w in current["doctor_warnings"]]
     result["log"] = str(args.log_path)
     return result
 

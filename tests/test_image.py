@@ -29,6 +29,7 @@ SHELL_SCRIPTS = [
     "ci/bench",
     "ci/render",
     "ci/smoke",
+    "entrypoint/doctor",
     "entrypoint/download",
     "entrypoint/launch",
     "entrypoint/on-fatal",

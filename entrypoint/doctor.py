@@ -1,0 +1,506 @@
+"""Hardware doctor: in seconds, whether this box can run GLM-5 at TP8 well, before a 10-minute load.
+
+    entrypoint/doctor [--json] [--host] [--nccl] [--only NAME,...]
+    docker compose run --rm glm5 doctor        (the same inside the image; in the pod: kubectl exec ... doctor)
+    sudo entrypoint/doctor --host              (on the host, from the kit's checkout: reads ACS with lspci as root)
+
+Named checks, each `pass`, `warn`, `fail` or `unknown` (the data could not be read; never a crash) with a
+detail and a fix: gpus, mig, pcie_link, topology, p2p, iommu, acs, power, shm, and with --nccl
+nccl_allreduce (a real all-reduce over every GPU, about a minute). Preflight runs the fast ones: a fail
+stops the start, a warn is logged and recorded in launch.json. Exit 0 when no check fails, 1 otherwise.
+
+Every reading comes from the tool that owns it (nvidia-smi, lspci, /proc, /sys); the parsers follow real
+outputs quoted in tests/fixtures/doctor/ (nvidia-smi prints ANSI underline escapes in topo headers, `[N/A]`
+for fields a GPU or VM does not report).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+STATUSES = ("pass", "warn", "fail", "unknown")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+NO_P2P = {"NS", "GNS", "CNS", "TNS", "U"}
+P2P_MEANING = {
+    "NS": "not supported",
+    "GNS": "GPU not supported",
+    "CNS": "chipset not supported",
+    "TNS": "topology not supported",
+    "U": "unknown",
+}
+MAX_Q_WATTS, FULL_WATTS = 300, 600  # RTX PRO 6000 Blackwell: Max-Q edition by design, Workstation/Server
+
+
+@dataclass
+class Check:
+    name: str
+    status: str
+    detail: str
+    fix: str = ""
+
+
+class Box:
+    """What the checks read. Each reader returns text, or None when it cannot be read (then: unknown)."""
+
+    def __init__(self, environ: Mapping[str, str] | None = None, root: Path = Path("/"), host: bool = False):
+        self.environ = dict(os.environ if environ is None else environ)
+        self.root = root
+        self.host = host
+        self.notes: dict[str, str] = {}  # why a reading failed, by what was read
+
+    def command(self, *argv: str, timeout: float = 60) -> str | None:
+        if shutil.which(argv[0], path=self.environ.get("PATH")) is None:
+            self.notes[argv[0]] = f"{argv[0]} is not installed here"
+            return None
+        try:
+            done = subprocess.run(
+                argv, capture_output=True, text=True, timeout=timeout, check=False, env=self.environ
+            )
+        except (OSError, subprocess.TimeoutExpired) as err:
+            self.notes[" ".join(argv)] = str(err)
+            return None
+        if done.returncode != 0:
+            self.notes[" ".join(argv)] = (done.stdout + done.stderr).strip()[
+                :300
+            ] or f"exit {done.returncode}"
+            return None
+        return done.stdout
+
+    def smi(self, *args: str) -> str | None:
+        return self.command("nvidia-smi", *args)
+
+    def query(self, fields: str) -> list[dict[str, str]] | None:
+        """`nvidia-smi --query-gpu=FIELDS --format=csv` as rows keyed by field (units dropped from the header)."""
+        text = self.smi(f"--query-gpu={fields}", "--format=csv")
+        if text is None or not text.strip() or "No devices were found" in text:
+            return None
+        rows = list(csv.reader(io.StringIO(text.strip()), skipinitialspace=True))
+        header = [h.split(" [")[0].strip() for h in rows[0]]
+        found = [dict(zip(header, (v.strip() for v in r), strict=False)) for r in rows[1:] if r]
+        if not found:
+            self.notes["nvidia-smi"] = "nvidia-smi lists no GPU"
+        return found or None
+
+    def read(self, path: str) -> str | None:
+        try:
+            return (self.root / path.lstrip("/")).read_text()
+        except OSError as err:
+            self.notes[path] = err.strerror or str(err)
+            return None
+
+    def listdir(self, path: str) -> list[str] | None:
+        try:
+            return sorted(os.listdir(self.root / path.lstrip("/")))
+        except OSError as err:
+            self.notes[path] = err.strerror or str(err)
+            return None
+
+
+def unreadable(name: str, what: str, box: Box, fix: str = "") -> Check:
+    why = box.notes.get(what) or next((v for k, v in box.notes.items() if k.startswith(what)), "no output")
+    return Check(name, "unknown", f"could not read {what}: {why}", fix)
+
+
+# ---- the checks -------------------------------------------------------------------------------------------
+
+
+def check_gpus(box: Box, values: Mapping[str, Any]) -> Check:
+    from entrypoint import preflight
+
+    text = box.smi(f"--query-gpu={preflight.GPU_QUERY}", "--format=csv")
+    if text is None:
+        return Check(
+            "gpus",
+            "fail",
+            box.notes.get("nvidia-smi") or next(iter(box.notes.values()), "nvidia-smi gave no output"),
+            "run with the NVIDIA runtime and all eight GPUs (compose device_ids 0-7; k8s nvidia.com/gpu: 8)",
+        )
+    problems = preflight.check_gpus(text, values, box.environ)
+    if problems:
+        return Check("gpus", "fail", "; ".join(p.message for p in problems), "see each GPU above")
+    rows = list(csv.reader(io.StringIO(text.strip()), skipinitialspace=True))[1:]
+    names = sorted({r[2] for r in rows if len(r) > 2})
+    return Check("gpus", "pass", f"{len(rows)}x {', '.join(names)}, driver {rows[0][5]}")
+
+
+def check_mig(box: Box) -> Check:
+    rows = box.query("index,mig.mode.current,mig.mode.pending")
+    listing = box.smi("-L")
+    if rows is None and listing is None:
+        return unreadable("mig", "nvidia-smi", box)
+    found = []
+    for r in rows or []:
+        current, pending = r.get("mig.mode.current", ""), r.get("mig.mode.pending", "")
+        if current == "Enabled" or pending == "Enabled":
+            found.append(f"GPU {r.get('index')} (current {current}, pending {pending})")
+    slices = [ln.strip() for ln in (listing or "").splitlines() if ln.strip().startswith("MIG ")]
+    if found or slices:
+        detail = "MIG mode enabled on " + ", ".join(found) if found else "MIG slices visible"
+        if slices:
+            detail += f"; {len(slices)} MIG slice(s) visible here ({slices[0]}...)"
+        gpus = ",".join(f.split()[1] for f in found) or "N"
+        return Check(
+            "mig",
+            "fail",
+            detail + ": TP8 needs eight whole GPUs",
+            f"on the host: sudo nvidia-smi -i {gpus} -mig 0, then reset the GPU (sudo nvidia-smi -i N -r) or reboot",
+        )
+    return Check("mig", "pass", "MIG disabled on every GPU")
+
+
+def check_pcie_link(box: Box) -> Check:
+    """What each card can train to in its slot; never the current generation, which drops while a GPU idles."""
+    rows = box.query("index,pcie.link.gen.gpumax,pcie.link.gen.hostmax,pcie.link.gen.max,pcie.link.width.max")
+    if rows is None:
+        return unreadable("pcie_link", "nvidia-smi", box)
+    weak, unknown = [], []
+    for r in rows:
+        gpu_max, host_max = number(r.get("pcie.link.gen.gpumax")), number(r.get("pcie.link.gen.hostmax"))
+        both = number(r.get("pcie.link.gen.max"))
+        gen = min(x for x in (gpu_max, host_max, both, 99) if x is not None)
+        width = number(r.get("pcie.link.width.max"))
+        if gen == 99 or width is None:
+            unknown.append(r.get("index", "?"))
+        elif gen < 5 or width < 16:
+            weak.append(
+                f"GPU {r.get('index')} trains to Gen{gen} x{width} at most (GPU Gen{gpu_max or '?'}, "
+                f"slot Gen{host_max or '?'})"
+            )
+    if weak:
+        return Check(
+            "pcie_link",
+            "warn",
+            "; ".join(weak) + ": all-reduce over PCIe runs at the slowest link",
+            "seat each card in a CPU-attached Gen5 x16 slot; check the BIOS PCIe speed setting and any riser or "
+            "retimer; a bifurcated (x8) slot halves the bandwidth",
+        )
+    if unknown and len(unknown) == len(rows):
+        return Check("pcie_link", "unknown", "nvidia-smi reports no maximum link for any GPU ([N/A])")
+    note = f" (GPU {', '.join(unknown)} unreported)" if unknown else ""
+    return Check("pcie_link", "pass", f"every GPU can train to Gen5 x16 or better{note}")
+
+
+def number(text: str | None) -> int | None:
+    m = re.match(r"\s*(\d+)", text or "")
+    return int(m.group(1)) if m else None
+
+
+def parse_matrix(text: str) -> tuple[list[str], dict[str, list[str]]]:
+    """An nvidia-smi topo matrix: its GPU labels, and each GPU row's cells by column: the device columns
+    (GPUs, then any NICs), then CPU affinity and NUMA affinity. Cells are split on any whitespace (nvidia-smi
+    writes tabs; pasted copies carry spaces); its ANSI underline escapes are dropped."""
+    lines = [ANSI.sub("", ln) for ln in text.splitlines()]
+    header_at = next(i for i, ln in enumerate(lines) if re.search(r"\bGPU0\b", ln))
+    header = lines[header_at].split()
+    devices = header[: header.index("CPU")] if "CPU" in header else header
+    gpus = [h for h in devices if re.fullmatch(r"GPU\d+", h)]
+    rows: dict[str, list[str]] = {}
+    for ln in lines[header_at + 1 :]:
+        cells = ln.split()
+        if not cells:
+            if rows:
+                break
+            continue
+        if re.fullmatch(r"GPU\d+", cells[0]):
+            rows[cells[0]] = cells[1:]
+    return gpus, rows
+
+
+def column(gpus: list[str], text: str) -> int:
+    """How many device columns (GPUs and NICs) precede CPU affinity."""
+    header = next(
+        ANSI.sub("", ln) for ln in text.splitlines() if re.search(r"\bGPU0\b", ANSI.sub("", ln))
+    ).split()
+    return header.index("CPU") if "CPU" in header else len(gpus)
+
+
+def check_topology(box: Box) -> Check:
+    text = box.smi("topo", "-m")
+    if text is None:
+        return unreadable("topology", "nvidia-smi", box)
+    try:
+        gpus, rows = parse_matrix(text)
+    except StopIteration:
+        return Check("topology", "unknown", "nvidia-smi topo -m printed no GPU matrix")
+    kinds: dict[str, list[str]] = {}
+    numa: dict[str, str] = {}
+    devices = column(gpus, text)
+    order = {g: int(g[3:]) for g in gpus}
+    for a in gpus:
+        cells = rows.get(a, [])
+        for j, b in enumerate(gpus):
+            if j < len(cells) and order[a] < order[b]:
+                kinds.setdefault(cells[j], []).append(f"{a}-{b}")
+        if len(cells) > devices + 1:
+            numa[a] = cells[devices + 1]
+    nodes = sorted(set(numa.values()))
+    layout = (
+        "; NUMA " + ", ".join(f"{n}: {' '.join(g for g in gpus if numa.get(g) == n)}" for n in nodes)
+        if numa
+        else ""
+    )
+    summary = ", ".join(f"{k} {len(v)}" for k, v in sorted(kinds.items()))
+    if "SYS" in kinds:
+        return Check(
+            "topology",
+            "warn",
+            f"{len(kinds['SYS'])} GPU pair(s) cross the CPU sockets (SYS, e.g. {kinds['SYS'][0]}){layout}; "
+            f"pairs by path: {summary}",
+            "NCCL_P2P_LEVEL=SYS (the image's default) lets peer-to-peer cross the sockets; if the first all-reduce "
+            "hangs, see the acs and iommu checks (NCCL_P2P_DISABLE=1 works around it at a bandwidth cost)",
+        )
+    return Check("topology", "pass", f"{len(gpus)} GPUs, pairs by path: {summary}{layout}")
+
+
+def check_p2p(box: Box) -> Check:
+    found = []
+    for mode, word in (("r", "read"), ("w", "write")):
+        text = box.smi("topo", "-p2p", mode)
+        if text is None:
+            continue
+        try:
+            gpus, rows = parse_matrix(text)
+        except StopIteration:
+            continue
+        for i, a in enumerate(gpus):
+            for j, b in enumerate(gpus):
+                cell = rows.get(a, [""] * len(gpus))[j] if j < len(rows.get(a, [])) else ""
+                if i < j and cell in NO_P2P:
+                    found.append(f"{a}-{b} {word} {cell} ({P2P_MEANING[cell]})")
+    if not any(box.notes.get(f"nvidia-smi topo -p2p {m}") is None for m in "rw") and not found:
+        return unreadable("p2p", "nvidia-smi topo -p2p", box)
+    if found:
+        return Check(
+            "p2p",
+            "warn",
+            f"{len(found)} GPU pair direction(s) without peer-to-peer: {', '.join(found[:4])}"
+            + ("..." if len(found) > 4 else ""),
+            "NCCL then copies through host memory (a fraction of the bandwidth); enable P2P: Above 4G decoding and "
+            "Resizable BAR in the BIOS, ACS off on the GPUs' bridges, IOMMU off or iommu=pt",
+        )
+    return Check("p2p", "pass", "peer-to-peer read and write OK between every GPU pair")
+
+
+def check_iommu(box: Box) -> Check:
+    cmdline = box.read("/proc/cmdline")
+    units = box.listdir("/sys/class/iommu")
+    if cmdline is None and units is None:
+        return unreadable("iommu", "/proc/cmdline", box)
+    args = (cmdline or "").split()
+    passthrough = "iommu=pt" in args or "iommu.passthrough=1" in args
+    off = any(a in args for a in ("intel_iommu=off", "amd_iommu=off", "iommu=off"))
+    on = bool(units) and not off
+    if not on:
+        return Check(
+            "iommu", "pass", "no IOMMU translating DMA" + (f" ({' '.join(units or [])})" if units else "")
+        )
+    if passthrough:
+        return Check("iommu", "pass", f"IOMMU in passthrough mode (iommu=pt; units {' '.join(units or [])})")
+    return Check(
+        "iommu",
+        "warn",
+        f"IOMMU on and translating ({' '.join(units or [])}; kernel command line without iommu=pt): GPU peer-to-peer "
+        "is routed through it, and NCCL can hang at the first all-reduce (NVIDIA/nccl#2079)",
+        "add iommu=pt to the kernel command line (GRUB_CMDLINE_LINUX, then update-grub and reboot), or turn "
+        "VT-d / AMD-Vi off in the BIOS",
+    )
+
+
+def check_acs(box: Box) -> Check:
+    host_mode = "run `sudo entrypoint/doctor --host` on the host from the kit's checkout (needs pciutils)"
+    text = box.command("lspci", "-vvv")
+    if text is None:
+        return Check(
+            "acs", "unknown", f"lspci is not readable here ({box.notes.get('lspci', 'no output')})", host_mode
+        )
+    blocks = re.split(r"\n(?=[0-9a-f]{2,4}:[0-9a-f]{2}:[0-9a-f]{2}\.\d |[0-9a-f]{2}:[0-9a-f]{2}\.\d )", text)
+    denied = [b for b in blocks if "bridge" in b.split("\n", 1)[0].lower() and "<access denied>" in b]
+    on = [b.split(" ", 1)[0] for b in blocks if re.search(r"ACSCtl:[^\n]*SrcValid\+", b)]
+    if on:
+        return Check(
+            "acs",
+            "warn",
+            f"ACS source validation/redirect on at {len(on)} PCIe bridge(s) ({', '.join(on[:4])}"
+            f"{'...' if len(on) > 4 else ''}): peer-to-peer goes up to the root complex, and NCCL can hang "
+            "(NVIDIA/nccl#2079)",
+            "turn ACS off in the BIOS (or for the GPUs' bridges with setpci at boot), or set NCCL_P2P_DISABLE=1 in "
+            "glm5.env at a bandwidth cost",
+        )
+    if denied:
+        return Check(
+            "acs",
+            "unknown",
+            f"lspci cannot read {len(denied)} bridge(s) capabilities without root",
+            host_mode,
+        )
+    return Check("acs", "pass", "no PCIe bridge has ACS redirection on")
+
+
+def check_power(box: Box) -> Check:
+    rows = box.query("index,name,power.limit,power.default_limit,enforced.power.limit")
+    if rows is None:
+        return unreadable("power", "nvidia-smi", box)
+    capped, max_q = [], []
+    for r in rows:
+        enforced = number(r.get("enforced.power.limit")) or number(r.get("power.limit"))
+        default = number(r.get("power.default_limit"))
+        if "Max-Q" in r.get("name", ""):
+            max_q.append(r.get("index", "?"))
+        if enforced is not None and default is not None and enforced < default:
+            capped.append(f"GPU {r.get('index')} limited to {enforced} W of its default {default} W")
+    note = (
+        f"; GPU {', '.join(max_q)}: Max-Q edition, {MAX_Q_WATTS} W by design (Workstation and Server editions "
+        f"{FULL_WATTS} W), its throughput effect here unknown until measured"
+        if max_q
+        else ""
+    )
+    if capped:
+        return Check(
+            "power",
+            "warn",
+            "; ".join(capped) + note,
+            "restore the default limit on the host: sudo nvidia-smi -i N -pl <default W> (and find what set it)",
+        )
+    return Check("power", "pass", "every GPU at its default power limit" + note)
+
+
+def check_shm(box: Box, values: Mapping[str, Any]) -> Check:
+    from entrypoint import preflight
+
+    if box.host:
+        return Check("shm", "pass", "not applicable on the host (the container's /dev/shm is checked inside)")
+    problems = preflight.check_shm(values, box.root / "dev/shm")
+    if problems:
+        return Check(
+            "shm", "fail", problems[0].message, "compose: ipc: host; k8s: a Memory emptyDir at /dev/shm"
+        )
+    return Check("shm", "pass", f"/dev/shm holds {values['min_shm_gib']} GiB or more")
+
+
+def check_nccl(box: Box) -> Check:
+    kit = str(Path(__file__).resolve().parent.parent)
+    env = box.environ | {"PYTHONPATH": kit, "NCCL_NVLS_ENABLE": box.environ.get("NCCL_NVLS_ENABLE", "0")}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "entrypoint.allreduce", "--json", "--timeout", "120"],
+            capture_output=True, text=True, timeout=300, check=False, env=env,
+        )  # fmt: skip
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as err:
+        return Check(
+            "nccl_allreduce",
+            "fail",
+            f"the all-reduce did not run: {err}",
+            "run python3 -m entrypoint.allreduce with NCCL_DEBUG=INFO to see where it stops",
+        )
+    if not result.get("ok"):
+        return Check(
+            "nccl_allreduce",
+            "fail",
+            f"{result.get('error')} ({result.get('gpus')} GPUs)",
+            "a hang: see the acs, iommu and p2p checks; NCCL_P2P_DISABLE=1 in glm5.env works around it",
+        )
+    big = result["sizes"][-1]
+    return Check(
+        "nccl_allreduce",
+        "pass",
+        f"{result['gpus']} GPUs, sums correct; bus bandwidth "
+        + ", ".join(f"{r['bytes'] // 2**20} MiB {r['busbw_gbps']} GB/s" for r in result["sizes"])
+        + f" (largest message {big['seconds'] * 1e3:.2f} ms)",
+    )
+
+
+FAST = ("gpus", "mig", "pcie_link", "topology", "p2p", "iommu", "acs", "power", "shm")
+ALL = (*FAST, "nccl_allreduce")
+
+
+def checks_for(values: Mapping[str, Any]) -> dict[str, Callable[[Box], Check]]:
+    return {
+        "gpus": lambda box: check_gpus(box, values),
+        "mig": check_mig,
+        "pcie_link": check_pcie_link,
+        "topology": check_topology,
+        "p2p": check_p2p,
+        "iommu": check_iommu,
+        "acs": check_acs,
+        "power": check_power,
+        "shm": lambda box: check_shm(box, values),
+        "nccl_allreduce": check_nccl,
+    }
+
+
+def run(box: Box, values: Mapping[str, Any], names: tuple[str, ...] = FAST) -> list[Check]:
+    table = checks_for(values)
+    found = []
+    for name in names:
+        try:
+            found.append(table[name](box))
+        except Exception as err:  # noqa: BLE001 (a parser meeting an output it does not know: unknown, never a crash)
+            found.append(
+                Check(name, "unknown", f"could not interpret the reading ({type(err).__name__}: {err})")
+            )
+    return found
+
+
+def report(found: list[Check]) -> dict[str, Any]:
+    return {"checks": [asdict(c) for c in found], "ok": not any(c.status == "fail" for c in found)}
+
+
+def line(c: Check) -> str:
+    return f"doctor: {c.status.upper():7} {c.name}: {c.detail}" + (
+        f"; fix: {c.fix}" if c.fix and c.status != "pass" else ""
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="entrypoint/doctor", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", action="store_true", help='print {"checks": [...], "ok": ...}')
+    parser.add_argument("--host", action="store_true", help="on the host, as root: lspci reads ACS")
+    parser.add_argument(
+        "--nccl", action="store_true", help="also run a real all-reduce over every GPU (~1 min)"
+    )
+    parser.add_argument("--only", help=f"comma list of checks ({', '.join(ALL)})")
+    parser.add_argument(
+        "--root",
+        type=Path,
+        default=Path("/"),
+        help="read /proc, /sys and /dev/shm under this folder (recorded boxes)",
+    )
+    args = parser.parse_args(argv)
+    names = FAST + (("nccl_allreduce",) if args.nccl else ())
+    if args.only:
+        names = tuple(n.strip() for n in args.only.split(",") if n.strip())
+        unknown = [n for n in names if n not in ALL]
+        if unknown:
+            parser.error(f"--only: unknown check(s) {', '.join(unknown)}; use {', '.join(ALL)}")
+    from common.report import INVALID_SETTING, Log, Problems
+    from entrypoint import settings
+
+    try:
+        values = settings.resolve(os.environ, where="ci" if args.host else "container")
+    except Problems as err:
+        Log("doctor").problems(err.problems)
+        return INVALID_SETTING
+    found = run(Box(host=args.host, root=args.root), values, names)
+    if args.json:
+        print(json.dumps(report(found)))
+    else:
+        for c in found:
+            print(line(c))
+    return 0 if report(found)["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

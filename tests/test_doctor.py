@@ -1,0 +1,300 @@
+"""entrypoint/doctor on real outputs of real boxes (tests/fixtures/doctor/, cited in SOURCES.md), printed by a
+stand-in nvidia-smi (tests/doubles/nvidia_smi_double.py) and lspci on PATH; the doctor itself is the real one."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import ROOT
+from entrypoint import doctor
+
+FIX = ROOT / "tests" / "fixtures" / "doctor"
+DOUBLE = ROOT / "tests" / "doubles" / "nvidia_smi_double.py"
+DEVICE = FIX / "h200x2-device"
+
+# One RTX PRO 6000 Blackwell Server Edition as nvidia-smi -q printed it (smi-q-rtx-pro-6000-server-600w-first-gpu.txt:
+# driver 595.58.03, 97887 MiB, MIG Disabled/Disabled, PCIe Max 5, Device Max 5, Host Max 5, width 16x, power limit
+# 600 W current and default), with the eight bus ids of query-gpu-8x-rtx-pro-6000-server-pcie-power-noheader.txt.
+BUS = ["01", "11", "61", "71", "81", "91", "E1", "F1"]
+SERVER_GPU = {
+    "name": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+    "compute_cap": "12.0",
+    "memory.total": "97887 MiB",
+    "driver_version": "595.58.03",
+    "pcie.link.gen.current": "1",
+    "pcie.link.gen.max": "5",
+    "pcie.link.gen.gpumax": "5",
+    "pcie.link.gen.hostmax": "5",
+    "pcie.link.width.max": "16",
+    "mig.mode.current": "Disabled",
+    "mig.mode.pending": "Disabled",
+    "power.limit": "600.00 W",
+    "power.default_limit": "600.00 W",
+    "power.max_limit": "600.00 W",
+    "enforced.power.limit": "600.00 W",
+}
+
+
+def gpus(n: int = 8, **changes: Any) -> list[dict[str, str]]:
+    out = []
+    for i in range(n):
+        gpu = SERVER_GPU | {"index": str(i), "pci.bus_id": f"00000000:{BUS[i % 8]}:00.0"}
+        for field, value in changes.items():
+            gpu[field.replace("__", ".")] = value(i) if callable(value) else value
+        out.append(gpu)
+    return out
+
+
+GOOD_FILES = {
+    "topo -m": FIX / "topo-m-8x-rtx-pro-6000-server-two-sockets-broadcom.txt",
+    # An 8-GPU `topo -p2p r` with every pair OK (8x H100; the same matrix format for any 8 GPUs).
+    "topo -p2p r": FIX / "topo-p2p-r-8x-h100-all-ok.txt",
+    "-L": FIX / "smi-L-8x-rtx-pro-6000-server.txt",
+}
+
+
+def run_doctor(
+    tmp_path: Path,
+    box_gpus: list[dict[str, str]],
+    files: dict[str, Path],
+    *args: str,
+    lspci: Path | None = None,
+    cmdline: str = "BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro iommu=pt\n",
+    iommu_units: tuple[str, ...] = ("dmar0",),
+) -> tuple[int, dict[str, Any]]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    box = tmp_path / "box.json"
+    box.write_text(json.dumps({"gpus": box_gpus, "files": {k: str(v) for k, v in files.items()}}))
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\nexec '{os.sys.executable}' '{DOUBLE}' \"$@\"\n")
+    smi.chmod(0o755)
+    if lspci is not None:
+        stand_in = bin_dir / "lspci"
+        stand_in.write_text(f"#!/bin/sh\ncat '{lspci}'\n")
+        stand_in.chmod(0o755)
+    root = tmp_path / "root"
+    (root / "proc").mkdir(parents=True, exist_ok=True)
+    (root / "proc" / "cmdline").write_text(cmdline)
+    (root / "dev" / "shm").mkdir(parents=True, exist_ok=True)  # this machine's disk: more than 16 GiB
+    for unit in iommu_units:
+        (root / "sys" / "class" / "iommu" / unit).mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GLM5_")} | {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "NVIDIA_SMI_DOUBLE_BOX": str(box),
+    }
+    done = subprocess.run(
+        [str(ROOT / "entrypoint" / "doctor"), "--json", "--root", str(root), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.stdout, done.stderr
+    return done.returncode, json.loads(done.stdout)
+
+
+def by_name(report: dict[str, Any]) -> dict[str, dict[str, str]]:
+    return {c["name"]: c for c in report["checks"]}
+
+
+def test_a_good_8x_rtx_pro_6000_server_passes_with_the_socket_split_named(tmp_path: Path) -> None:
+    code, report = run_doctor(tmp_path, gpus(), GOOD_FILES)
+    checks = by_name(report)
+    assert code == 0 and report["ok"] is True
+    assert list(checks) == ["gpus", "mig", "pcie_link", "topology", "p2p", "iommu", "acs", "power", "shm"]
+    assert {k: v["status"] for k, v in checks.items()} == {
+        "gpus": "pass", "mig": "pass", "pcie_link": "pass", "topology": "warn", "p2p": "pass", "iommu": "pass",
+        "acs": "unknown", "power": "pass", "shm": checks["shm"]["status"],
+    }  # fmt: skip
+    assert "16 GPU pair(s) cross the CPU sockets (SYS, e.g. GPU0-GPU4)" in checks["topology"]["detail"]
+    assert "NUMA 0: GPU0 GPU1 GPU2 GPU3, 1: GPU4 GPU5 GPU6 GPU7" in checks["topology"]["detail"]
+    assert (
+        "sudo entrypoint/doctor --host" in checks["acs"]["fix"]
+    )  # no lspci here: unknown, with how to read it
+    for c in report["checks"]:
+        assert set(c) == {"name", "status", "detail", "fix"} and c["status"] in doctor.STATUSES
+
+
+def test_mig_on_any_gpu_fails_with_the_fix(tmp_path: Path) -> None:
+    files = GOOD_FILES | {"-L": FIX / "smi-L-8x-rtx-pro-6000-server-mig-32x-1g24gb.txt"}
+    code, report = run_doctor(
+        tmp_path, gpus(mig__mode__current=lambda i: "Enabled" if i < 4 else "Disabled"), files
+    )
+    mig = by_name(report)["mig"]
+    assert code == 1 and report["ok"] is False and mig["status"] == "fail"
+    assert "MIG mode enabled on GPU 0 (current Enabled, pending Disabled)" in mig["detail"]
+    assert "MIG slice(s) visible here (MIG 1g.24gb     Device  0:" in mig["detail"]
+    assert mig["fix"].startswith("on the host: sudo nvidia-smi -i 0,1,2,3 -mig 0")
+
+
+def test_a_slot_that_cannot_train_gen5_x16_is_a_warning_not_the_idle_link(tmp_path: Path) -> None:
+    # Every card idles at Gen1 (pcie.link.gen.current 1, as the real -q shows): never the test.
+    code, report = run_doctor(tmp_path, gpus(pcie__link__gen__hostmax=lambda i: "4" if i == 3 else "5",
+                                             pcie__link__width__max=lambda i: "8" if i == 5 else "16"), GOOD_FILES)  # fmt: skip
+    link = by_name(report)["pcie_link"]
+    assert code == 0 and link["status"] == "warn"
+    assert "GPU 3 trains to Gen4 x16 at most (GPU Gen5, slot Gen4)" in link["detail"]
+    assert "GPU 5 trains to Gen5 x8 at most" in link["detail"]
+    _, idle_only = run_doctor(tmp_path, gpus(), GOOD_FILES)
+    assert by_name(idle_only)["pcie_link"]["status"] == "pass"
+
+
+def test_pairs_without_p2p_are_named(tmp_path: Path) -> None:
+    files = {
+        "topo -m": FIX / "topo-m-2x-rtx-pro-6000-ws-phb.txt",
+        "topo -p2p r": FIX / "topo-p2p-rw-2x-rtx-5090-gns.txt",
+    }
+    code, report = run_doctor(tmp_path, gpus(2), files)
+    checks = by_name(report)
+    assert checks["p2p"]["status"] == "warn"
+    assert "GPU0-GPU1 read GNS (GPU not supported)" in checks["p2p"]["detail"]
+    assert checks["gpus"]["status"] == "fail" and "2 GPU(s) visible" in checks["gpus"]["detail"]
+    assert code == 1
+
+
+def test_acs_redirect_above_the_gpus_and_a_translating_iommu_are_warnings(tmp_path: Path) -> None:
+    lspci = FIX / "lspci-pex890xx-switch-port-above-rtx-pro-6000-acs-on.txt"
+    _, report = run_doctor(
+        tmp_path, gpus(), GOOD_FILES, lspci=lspci, cmdline="BOOT_IMAGE=/vmlinuz intel_iommu=on\n"
+    )
+    checks = by_name(report)
+    assert checks["acs"]["status"] == "warn" and "at 1 PCIe bridge(s) (02:03.0)" in checks["acs"]["detail"]
+    assert checks["iommu"]["status"] == "warn" and "iommu=pt" in checks["iommu"]["fix"]
+    # The real kernel command line of an 8x RTX PRO 6000 box with the IOMMU off: pass.
+    cmdline = (FIX / "cmdline-8x-rtx-pro-6000-asus-iommu-off.txt").read_text()
+    _, off = run_doctor(tmp_path, gpus(), GOOD_FILES, cmdline=cmdline, iommu_units=())
+    assert by_name(off)["iommu"]["status"] == "pass"
+
+
+def test_power_capped_is_a_warning_and_max_q_is_reported_not_failed(tmp_path: Path) -> None:
+    capped = gpus(enforced__power__limit=lambda i: "450.00 W" if i == 2 else "600.00 W")
+    _, report = run_doctor(tmp_path, capped, GOOD_FILES)
+    power = by_name(report)["power"]
+    assert power["status"] == "warn" and "GPU 2 limited to 450 W of its default 600 W" in power["detail"]
+    max_q = gpus(name="NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition", power__limit="300.00 W",
+                 power__default_limit="300.00 W", enforced__power__limit="300.00 W")  # fmt: skip
+    _, report = run_doctor(tmp_path, max_q, GOOD_FILES)
+    power = by_name(report)["power"]
+    assert power["status"] == "pass" and "Max-Q edition, 300 W by design" in power["detail"]
+    assert "unknown until measured" in power["detail"]
+
+
+def test_unreadable_is_unknown_never_a_crash(tmp_path: Path) -> None:
+    code, report = run_doctor(tmp_path, [], {}, cmdline="", iommu_units=())
+    checks = by_name(report)
+    assert checks["gpus"]["status"] == "fail"  # no GPU at all is a failure
+    for name in ("topology", "p2p", "pcie_link", "power"):
+        assert checks[name]["status"] == "unknown", checks[name]
+    assert code == 1
+
+
+def test_the_real_h200_device_outputs_parse(tmp_path: Path) -> None:
+    """This project's own run on two NVLink H200s (h200x2-device/): ANSI escapes, NV18, [N/A] host max."""
+    rows = [ln.split(", ") for ln in (DEVICE / "query-gpu.csv").read_text().splitlines()]
+    header = [h.split(" [")[0] for h in rows[0]]
+    device_gpus = [dict(zip(header, r, strict=True)) for r in rows[1:]]
+    files = {
+        "topo -m": DEVICE / "topo-m.txt",
+        "topo -p2p r": DEVICE / "topo-p2p-r.txt",
+        "-L": DEVICE / "smi-L.txt",
+    }
+    _, report = run_doctor(tmp_path, device_gpus, files, "--only", "mig,pcie_link,topology,p2p,power")
+    checks = by_name(report)
+    assert {k: v["status"] for k, v in checks.items()} == {
+        "mig": "pass", "pcie_link": "pass", "topology": "pass", "p2p": "pass", "power": "pass"
+    }  # fmt: skip
+    assert "NV18 1" in checks["topology"]["detail"]
+
+
+def test_the_stand_in_answers_queries_as_nvidia_smi_does(tmp_path: Path) -> None:
+    box = tmp_path / "box.json"
+    box.write_text(json.dumps({"gpus": gpus(1, pcie__link__gen__hostmax="[N/A]")}))
+    env = os.environ | {"NVIDIA_SMI_DOUBLE_BOX": str(box)}
+    done = subprocess.run([os.sys.executable, str(DOUBLE), "--query-gpu=index,memory.total,power.limit,pcie.link.gen.hostmax",
+                           "--format=csv"], env=env, capture_output=True, text=True, check=True)  # fmt: skip
+    assert (
+        done.stdout
+        == "index, memory.total [MiB], power.limit [W], pcie.link.gen.hostmax\n0, 97887 MiB, 600.00 W, [N/A]\n"
+    )
+    bad = subprocess.run([os.sys.executable, str(DOUBLE), "--query-gpu=index,device_minor", "--format=csv"], env=env,
+                         capture_output=True, text=True)  # fmt: skip
+    assert (bad.returncode, bad.stdout) == (2, 'Field "device_minor" is not a valid field to query.\n\n')
+
+
+@pytest.mark.parametrize("name", doctor.ALL)
+def test_every_check_is_documented(name: str) -> None:
+    assert name in (ROOT / "README.md").read_text()
+
+
+def prepare_with_box(
+    tmp_path: Path, box_gpus: list[dict[str, str]], files: dict[str, Path]
+) -> subprocess.CompletedProcess[str]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    box = tmp_path / "box.json"
+    box.write_text(json.dumps({"gpus": box_gpus, "files": {k: str(v) for k, v in files.items()}}))
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\nexec '{os.sys.executable}' '{DOUBLE}' \"$@\"\n")
+    smi.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GLM5_", "FLASHINFER_"))} | {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "NVIDIA_SMI_DOUBLE_BOX": str(box),
+        "GLM5_STATE_DIR": str(tmp_path / "run"),
+        "GLM5_SKIP_PREFLIGHT": "shm,model,flashinfer,flags",
+    }
+    (tmp_path / "run").mkdir(exist_ok=True)
+    return subprocess.run(
+        [str(ROOT / "entrypoint/launch"), "--prepare"], env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_preflight_stops_on_the_doctors_failures_and_records_its_warnings(tmp_path: Path) -> None:
+    from entrypoint import preflight, state
+
+    done = prepare_with_box(tmp_path, gpus(), GOOD_FILES)
+    assert done.returncode == 0, done.stderr
+    assert "doctor: topology: 16 GPU pair(s) cross the CPU sockets" in done.stderr
+    recorded = state.read_doctor(tmp_path / "run")
+    assert [w["name"] for w in recorded] == ["topology"] and recorded[0]["status"] == "warn"
+    mig = prepare_with_box(tmp_path, gpus(mig__mode__current="Enabled"), GOOD_FILES)
+    assert mig.returncode == preflight.GPU_MIG, mig.stderr
+    assert (
+        "mig: MIG mode enabled on GPU 0" in mig.stderr
+        and "sudo nvidia-smi -i 0,1,2,3,4,5,6,7 -mig 0" in mig.stderr
+    )
+    assert state.read_failed(tmp_path / "run")["code"] == preflight.GPU_MIG
+
+
+def test_the_allreduce_refuses_without_two_gpus_and_parses_sizes() -> None:
+    from entrypoint import allreduce
+
+    assert [allreduce.parse_size(s) for s in ("1M", "256M", "1G", "4096")] == [2**20, 2**28, 2**30, 4096]
+    with pytest.raises(Exception, match="use a size like"):
+        allreduce.parse_size("0M")
+    found = allreduce.run([2**20], 1, 5)  # this machine has no GPU (CPU torch)
+    assert found == {"ok": False, "gpus": 0, "error": "0 GPU(s) visible: an all-reduce needs 2 or more"}
+    check = doctor.check_nccl(doctor.Box())
+    assert (
+        check.status == "fail" and check.detail == "0 GPU(s) visible: an all-reduce needs 2 or more (0 GPUs)"
+    )
+
+
+@pytest.mark.parametrize("fixture", sorted(p.name for p in FIX.glob("topo-*.txt")))
+def test_every_real_topology_matrix_is_read(tmp_path: Path, fixture: str) -> None:
+    """Tabs or none, ANSI underlines, NIC rows and columns, no trailing newline: each real matrix reads."""
+    kind = "topo -m" if fixture.startswith("topo-m-") else "topo -p2p r"
+    name = "topology" if kind == "topo -m" else "p2p"
+    _, report = run_doctor(tmp_path, gpus(), {kind: FIX / fixture}, "--only", name)
+    (found,) = report["checks"]
+    assert found["status"] in ("pass", "warn"), found
+    sys_pairs = (FIX / fixture).read_text().count("SYS") > 1 and kind == "topo -m"
+    assert (found["status"] == "warn") == (
+        sys_pairs or (kind != "topo -m" and "NS" in (FIX / fixture).read_text().split("Legend")[0])
+    ), found
