@@ -13,6 +13,7 @@ ARG SGLANG_VERSION=0.5.23
 ARG TORCH_VERSION=2.14.1
 ARG FLASHINFER_VERSION=0.7.2
 ARG SUPERVISOR_VERSION=4.3.0
+ARG SMG_VERSION=1.13.0
 # MAJOR.MINOR of the base image's nvcc; patches/verify fails the build when they differ.
 ARG CUDA_MAJOR_MINOR=13.0
 ARG GLM5_UID=1000
@@ -46,7 +47,7 @@ COPY image/ /opt/glm5/image/
 RUN python3 -m venv "$VIRTUAL_ENV" \
  && pip install --no-deps --require-hashes -r /opt/glm5/image/requirements.lock \
  && /opt/glm5/image/assert-versions "sglang==${SGLANG_VERSION}" "torch==${TORCH_VERSION}" \
-      "flashinfer-python==${FLASHINFER_VERSION}" "supervisor==${SUPERVISOR_VERSION}"
+      "flashinfer-python==${FLASHINFER_VERSION}" "supervisor==${SUPERVISOR_VERSION}" "smg==${SMG_VERSION}"
 
 # Patch FlashInfer and prove it took effect in this image: fails the build on drift.
 COPY patches/ /opt/glm5/patches/
@@ -56,6 +57,7 @@ RUN /opt/glm5/patches/apply \
 
 COPY entrypoint/ /opt/glm5/entrypoint/
 COPY healthcheck/ /opt/glm5/healthcheck/
+COPY gateway/ /opt/glm5/gateway/
 # The build's identity keys the JIT caches on the volume (/cache/build-ID/, entrypoint/glm5.toml [[env]]):
 # what compiled kernels depend on (the base, its CUDA, the Python stack, the patches). Another build never loads them.
 ARG BASE_IMAGE

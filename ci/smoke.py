@@ -57,6 +57,7 @@ class Smoke:
 
     def __init__(self, conn: readiness.Connection, model: str, timeout: float) -> None:
         self.conn, self.model, self.metrics = conn, model, {"url": conn.url}
+        self.metrics_url: str | None = None  # where /metrics is, when not at conn.url (through the gateway)
         # The client needs some key; a server without --api-key ignores it.
         self.client = openai.OpenAI(
             base_url=conn.url + "/v1", api_key=conn.api_key or "none", timeout=timeout, max_retries=0
@@ -172,10 +173,13 @@ def check_decode_speed(s: Smoke) -> str:
 
 def check_metrics(s: Smoke) -> str:
     """Prometheus text, not an OpenAI route: plain HTTP, as a scraper reads it."""
-    code = readiness.http_status(s.conn.url, "/metrics")
+    base = s.metrics_url or s.conn.url
+    code = readiness.http_status(base, "/metrics")
     if code != 200:
-        raise CheckFailed(f"/metrics answered {code}; is --enable-metrics set?")
-    with urllib.request.urlopen(s.conn.url + "/metrics", timeout=30) as response:
+        raise CheckFailed(
+            f"{base}/metrics answered {code}; is --enable-metrics set? (through the gateway: --metrics-url)"
+        )
+    with urllib.request.urlopen(base + "/metrics", timeout=30) as response:
         text = response.read().decode()
     names = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line.startswith("sglang:")}
     if not names:
@@ -249,6 +253,10 @@ def main() -> int:
         "--api-key",
         help="bearer key (default: GLM5_API_KEY or GLM5_API_KEY_FILE; prefer those: argv is visible in ps)",
     )
+    parser.add_argument(
+        "--metrics-url",
+        help="where the server's /metrics is (default: --url; through the gateway, a replica's URL)",
+    )
     parser.add_argument("--request-timeout", type=float, default=300, help="seconds per request")
     parser.add_argument("--poll", type=float, default=10, help="seconds between readiness polls")
     parser.add_argument("--report-dir", type=Path, default=ROOT / "out" / "smoke")
@@ -265,6 +273,7 @@ def main() -> int:
         readiness.Url(conn, os.environ) if a.url else readiness.Compose(conn, a.report_dir)
     )
     smoke = Smoke(conn, model, a.request_timeout)
+    smoke.metrics_url = a.metrics_url.rstrip("/") if a.metrics_url else None
     a.report_dir.mkdir(parents=True, exist_ok=True)
     since = None if a.url else readiness.now()  # a running server's current start counts, whenever it began
     too_old = [] if a.url else host_versions.problems(*host_versions.read())

@@ -2,6 +2,7 @@
 # Container entrypoint (PID 1): validate and preflight, then run the server under supervisord.
 #   entrypoint.sh            serve (the default)
 #   entrypoint.sh download   download the weights into the model folder and check them (entrypoint/download)
+#   entrypoint.sh gateway    the SGLang Model Gateway in front of the replicas (gateway/launch)
 #   entrypoint.sh doctor     inspect the box: GPUs, MIG, PCIe links, topology, P2P, IOMMU, ACS, power (entrypoint/doctor)
 #   entrypoint.sh CMD ...    run CMD instead (e.g. entrypoint/launch --dry-run, bash)
 # Exit codes (common/report.py): 2 arguments after serve, those of `launch --prepare` (3, 10-42),
@@ -78,6 +79,8 @@ run_supervisor() {
 main() {
   if [[ ${1:-} == download || ${1:-} == doctor ]]; then
     exec "$GLM5_HOME/entrypoint/$1" "${@:2}"
+  elif [[ ${1:-} == gateway ]]; then
+    exec "$GLM5_HOME/gateway/launch" "${@:2}"
   elif [[ $# -gt 0 && $1 != serve ]]; then
     exec "$@"
   fi

@@ -30,6 +30,7 @@ SHELL_SCRIPTS = [
     "ci/render",
     "ci/smoke",
     "entrypoint/doctor",
+    "gateway/launch",
     "entrypoint/download",
     "entrypoint/launch",
     "entrypoint/on-fatal",
@@ -167,6 +168,7 @@ def test_image_pins_match_the_lock() -> None:
         ("torch", "torch", "TORCH_VERSION"),
         ("flashinfer-python", "flashinfer", "FLASHINFER_VERSION"),
         ("supervisor", "supervisor", "SUPERVISOR_VERSION"),
+        ("smg", "smg", "SMG_VERSION"),
     ]:
         assert re.search(rf"^{package}=={re.escape(pins[key])} ", lock, re.M), (
             f"{package} in the lock is not {pins[key]}"

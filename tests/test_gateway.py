@@ -1,0 +1,194 @@
+"""The real SGLang Model Gateway (smg 1.13.0 from PyPI, started by gateway/launch) in front of SGLang server
+doubles on loopback, each started through the real entrypoint and supervisord."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import ROOT
+from helpers.container import Container, free_port, start
+
+KEY = "gateway-test-key-0123456789"
+LAUNCH = ROOT / "gateway" / "launch"
+PREFIX = "You are the support assistant of a large shipping company. " * 40  # ~2400 characters
+
+
+class Gateway:
+    def __init__(self, tmp: Path, workers: dict[str, int]) -> None:
+        self.tmp, self.port, self.metrics = tmp, free_port(), free_port()
+        self.discovery = tmp / "workers.json"
+        self.write(workers)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GLM5_")} | {
+            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+            "GLM5_API_KEY": KEY,
+        }
+        fast = ["--health-check-interval-secs", "1", "--worker-startup-check-interval", "1",
+                "--discovery-check-interval-secs", "1", "--health-failure-threshold", "2"]  # fmt: skip
+        self.output = tmp / "gateway.out"
+        self.proc = subprocess.Popen(
+            [str(LAUNCH), "--discovery-file", str(self.discovery), "--",
+             "--host", "127.0.0.1", "--port", str(self.port), "--prometheus-host", "127.0.0.1",
+             "--prometheus-port", str(self.metrics), "--health-check-port", str(free_port()), *fast],
+            env=env, stdout=self.output.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+
+    def write(self, workers: dict[str, int]) -> None:
+        doc = {
+            "version": 1,
+            "workers": [{"id": k, "url": f"http://127.0.0.1:{p}"} for k, p in workers.items()],
+        }
+        staged = self.discovery.with_suffix(".tmp")
+        staged.write_text(json.dumps(doc))
+        staged.replace(self.discovery)  # atomic, as an operator's editor or `mv` does
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def readiness(self) -> dict[str, Any]:
+        try:
+            with urllib.request.urlopen(self.url + "/readiness", timeout=5) as r:
+                return dict(json.loads(r.read()))
+        except (OSError, ValueError):
+            return {}
+
+    def wait_healthy(self, n: int, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while self.readiness().get("healthy_workers") != n:
+            assert self.proc.poll() is None, self.output.read_text()
+            assert time.monotonic() < deadline, f"{self.readiness()}\n{self.output.read_text()[-3000:]}"
+            time.sleep(0.3)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=30)
+
+
+def chat(url: str, text: str, key: str | None = KEY, **extra: Any) -> tuple[int, dict[str, Any]]:
+    body = {"model": "glm-5", "messages": [{"role": "user", "content": text}], "max_tokens": 16} | extra
+    request = urllib.request.Request(
+        url + "/v1/chat/completions", data=json.dumps(body).encode(), method="POST"
+    )
+    request.add_header("Content-Type", "application/json")
+    if key:
+        request.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as r:
+            return r.status, dict(json.loads(r.read()))
+    except urllib.error.HTTPError as err:
+        return err.code, {}
+
+
+def served(c: Container) -> float:
+    """Prompt tokens this replica has processed (its /metrics): which replica took a request."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{c.port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return float(re.search(r"sglang:prompt_tokens_total\{[^}]*\} ([0-9.]+)", text).group(1))  # type: ignore[union-attr]
+
+
+@pytest.fixture
+def pair(tmp_path: Path, containers: list[Container]) -> Iterator[tuple[Gateway, list[Container]]]:
+    replicas = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        c = start(tmp_path / name, GLM5_API_KEY=KEY)
+        containers.append(c)
+        replicas.append(c)
+        c.wait_healthy()  # (it waits for a start after the call: one at a time)
+    gw = Gateway(tmp_path, {"glm5-a": replicas[0].port, "glm5-b": replicas[1].port})
+    try:
+        gw.wait_healthy(2)
+        yield gw, replicas
+    finally:
+        gw.stop()
+
+
+def test_the_key_is_enforced_at_the_gateway_and_in_no_argv(pair: tuple[Gateway, list[Container]]) -> None:
+    gw, _ = pair
+    assert chat(gw.url, "hello", key=None)[0] == 401
+    assert chat(gw.url, "hello", key="wrong-key-0123456789")[0] == 401
+    code, body = chat(gw.url, "What is the capital of France?")
+    assert code == 200 and "Paris" in body["choices"][0]["message"]["content"]
+    cmdline = Path(f"/proc/{gw.proc.pid}/cmdline").read_bytes()
+    assert KEY.encode() not in cmdline and KEY not in gw.output.read_text()
+
+
+def test_requests_spread_and_a_shared_prefix_stays_on_one_replica(
+    pair: tuple[Gateway, list[Container]],
+) -> None:
+    gw, (a, b) = pair
+    before = served(a), served(b)
+    topics = ["tides", "volcanoes", "bread", "chess", "orbits", "violins", "glaciers", "bees", "ink", "radar",
+              "coral", "steam"]  # fmt: skip
+    for i, topic in enumerate(topics):  # nothing shared: no prefix to stick to
+        assert chat(gw.url, f"{topic}: {i * 7919} explain briefly")[0] == 200
+    spread = served(a) - before[0], served(b) - before[1]
+    assert spread[0] > 0 and spread[1] > 0, spread  # both replicas took some
+    for group in range(3):
+        before = served(a), served(b)
+        for i in range(6):
+            assert chat(gw.url, f"{PREFIX} [conversation {group}] turn {i}")[0] == 200
+        took = served(a) - before[0], served(b) - before[1]
+        assert 0 in took, f"a shared prefix was split over both replicas: {took}"  # cache-aware affinity
+
+
+def test_a_replica_not_ready_or_dead_gets_no_traffic_and_one_that_turns_ready_does(
+    tmp_path: Path, pair: tuple[Gateway, list[Container]], containers: list[Container]
+) -> None:
+    gw, (a, b) = pair
+    (tmp_path / "c").mkdir()
+    late = start(tmp_path / "c", "never-ready", GLM5_API_KEY=KEY)  # capturing forever: /health 503
+    containers.append(late)
+    gw.write({"glm5-a": a.port, "glm5-b": b.port, "glm5-c": late.port})
+    time.sleep(3)
+    assert gw.readiness()["healthy_workers"] == 2
+    for i in range(8):
+        assert chat(gw.url, f"question {i} for a replica that is not ready")[0] == 200
+    for process in b.leftovers():  # the whole container of replica b dies at once (as on a lost node)
+        process.kill()
+    for i in range(10):
+        assert chat(gw.url, f"question {i} after a replica died")[0] == 200  # retried on the live one
+    gw.wait_healthy(1)
+    (tmp_path / "d").mkdir()
+    fresh = start(tmp_path / "d", GLM5_API_KEY=KEY)
+    containers.append(fresh)
+    fresh.wait_healthy()
+    gw.write({"glm5-a": a.port, "glm5-b": b.port, "glm5-c": late.port, "glm5-d": fresh.port})
+    gw.wait_healthy(2)
+    before = served(fresh)
+    for i, topic in enumerate(
+        ["maps", "clocks", "salt", "kites", "moss", "dunes", "owls", "jade", "rust", "fog"]
+    ):
+        assert chat(gw.url, f"{topic}? {i * 104729}")[0] == 200
+    assert served(fresh) > before  # a replica that turned ready takes traffic
+    with urllib.request.urlopen(f"http://127.0.0.1:{late.port}/metrics", timeout=10) as r:
+        assert re.search(r"prompt_tokens_total\{[^}]*\} 0\.0", r.read().decode())  # never reached
+
+
+def test_ci_smoke_passes_through_the_gateway(pair: tuple[Gateway, list[Container]], tmp_path: Path) -> None:
+    """Streaming, tool calls and reasoning pass through unchanged (ci/smoke's own checks)."""
+    gw, (a, _) = pair
+    report = tmp_path / "report"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GLM5_")} | {"GLM5_API_KEY": KEY}
+    done = subprocess.run(
+        [str(ROOT / "ci" / "smoke"), "--url", gw.url, "--metrics-url", f"http://127.0.0.1:{a.port}",
+         "--timeout", "60", "--poll", "0.3", "--report-dir", str(report)],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    checks = {c["name"]: c["passed"] for c in json.loads((report / "smoke.json").read_text())["checks"]}
+    assert all(checks.values()) and {"chat_stream", "tool_call", "reasoning"} <= set(checks)
