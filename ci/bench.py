@@ -53,6 +53,9 @@ class Workload:
     dataset: str = "random-ids"
     range_ratio: float = 1.0
     dataset_path: str = ""  # random: a local ShareGPT JSON; empty: bench_serving downloads it from the Hub
+    backend: str = (
+        "sglang"  # bench_serving's: sglang (/generate); sglang-oai (/v1/completions) through the gateway
+    )
 
     def validate(self) -> list[str]:
         errors = [
@@ -60,6 +63,8 @@ class Workload:
             for k, v in asdict(self).items()
             if isinstance(v, int | float) and v <= 0
         ]
+        if self.backend not in ("sglang", "sglang-oai", "sglang-oai-chat"):
+            errors.append(f"backend={self.backend!r}: use sglang, sglang-oai or sglang-oai-chat")
         if self.dataset_path and self.dataset != "random":
             errors.append(f"dataset_path={self.dataset_path!r}: only the random dataset reads one")
         if self.dataset not in ("random-ids", "random"):
@@ -79,7 +84,7 @@ def bench_argv(
 ) -> list[str]:
     """sglang's bench_serving command line for the workload."""
     return [
-        *python, "-m", "sglang.bench_serving", "--backend", "sglang", "--base-url", url,
+        *python, "-m", "sglang.bench_serving", "--backend", w.backend, "--base-url", url,
         "--dataset-name", w.dataset, "--random-input-len", str(w.input_len), "--random-output-len", str(w.output_len),
         "--random-range-ratio", str(w.range_ratio), "--num-prompts", str(w.num_prompts),
         "--max-concurrency", str(w.concurrency), "--tokenizer", tokenizer, "--model", model, "--output-file", output,
@@ -354,7 +359,15 @@ def sweep(args: argparse.Namespace) -> int:
 
 
 def override_workload(w: Workload, args: argparse.Namespace) -> Workload:
-    for key in ("concurrency", "input_len", "output_len", "num_prompts", "dataset", "dataset_path"):
+    for key in (
+        "concurrency",
+        "input_len",
+        "output_len",
+        "num_prompts",
+        "dataset",
+        "dataset_path",
+        "backend",
+    ):
         value = getattr(args, key)
         if value is not None:
             setattr(w, key, value)
@@ -412,6 +425,13 @@ def main() -> int:
     p.add_argument("--num-prompts", type=int)
     p.add_argument("--dataset", choices=["random-ids", "random"])
     p.add_argument("--dataset-path", help="with --dataset random: a local ShareGPT JSON (else downloaded)")
+    p.add_argument(
+        "--backend",
+        choices=["sglang", "sglang-oai", "sglang-oai-chat"],
+        help="bench_serving's client: sglang (/generate, the default) or the OpenAI routes; through the gateway "
+        "use sglang-oai-chat (smg routes /generate only with a model, which that client does not send, and refuses "
+        "the completions client's best_of with streaming)",
+    )
     p.add_argument("--timeout", type=float, default=3600, help="seconds for a variant to become healthy")
     p.add_argument("--poll", type=float, default=10)
     p.add_argument("--stop-timeout", type=float, default=180)

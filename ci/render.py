@@ -32,10 +32,12 @@ TEMPLATES = "ci/templates"
 OUTPUTS = {
     "Dockerfile": f"{TEMPLATES}/Dockerfile",
     "docker-compose.yml": f"{TEMPLATES}/docker-compose.yml",
-    "k8s/statefulset.yaml": f"{TEMPLATES}/k8s/statefulset.yaml",
-    "k8s/service.yaml": f"{TEMPLATES}/k8s/service.yaml",
-    "k8s/pvc-weights.yaml": f"{TEMPLATES}/k8s/pvc-weights.yaml",
-    "k8s/job-weights.yaml": f"{TEMPLATES}/k8s/job-weights.yaml",
+    "k8s/base/statefulset.yaml": f"{TEMPLATES}/k8s/base/statefulset.yaml",
+    "k8s/base/service.yaml": f"{TEMPLATES}/k8s/base/service.yaml",
+    "k8s/base/pvc-weights.yaml": f"{TEMPLATES}/k8s/base/pvc-weights.yaml",
+    "k8s/base/job-weights.yaml": f"{TEMPLATES}/k8s/base/job-weights.yaml",
+    "k8s/overlays/gateway/gateway.yaml": f"{TEMPLATES}/k8s/overlays/gateway/gateway.yaml",
+    "k8s/overlays/gateway/replicas.yaml": f"{TEMPLATES}/k8s/overlays/gateway/replicas.yaml",
     "image/requirements.in": f"{TEMPLATES}/image/requirements.in",
 }
 ENV_EXAMPLE = "glm5.env.example"  # rendered from the settings' declarations, no template
@@ -60,7 +62,7 @@ def values(cfg: Mapping[str, Any]) -> dict[str, Any]:
     v["startup_failure_threshold"] = math.ceil(v["startup_budget_seconds"] / v["probe_period_seconds"])
     v["startup_budget_minutes"] = round(v["startup_budget_seconds"] / 60)
     v["gpu_count_minus_one"] = v["gpu_count"] - 1
-    # Kubernetes names the image without its tag: k8s/kustomization.yaml sets registry, name and tag (one place).
+    # Kubernetes names the image without its tag: kustomization.yaml's images entry sets registry, name and tag.
     v["image_name"] = v["image"].rsplit(":", 1)[0]
     v["gpu_device_ids_json"] = json.dumps([str(i) for i in range(v["gpu_count"])])
     probe = f"{v['home']}/healthcheck/healthcheck"
@@ -69,6 +71,9 @@ def values(cfg: Mapping[str, Any]) -> dict[str, Any]:
     v["startup_command_json"] = json.dumps([probe, "--started", "--status"])
     v["compose_readiness_json"] = json.dumps(["CMD", probe, "--status"])
     v["api_key_dir"] = "/run/secrets/glm5"
+    for key, value in cfg["gateway"].items():
+        if not isinstance(value, list):
+            v[f"gateway_{key}"] = value
     problems = [
         f"stop_margin_seconds = {v['stop_margin_seconds']}: supervisord needs time to kill and exit after the drain; use 5 or more"
         for _ in [1]

@@ -54,7 +54,7 @@ def download_hint(values: Mapping[str, Any]) -> str:
         "download the weights before the start: with compose `docker compose run --rm glm5 download` (into "
         f"GLM5_MODEL_HOST_DIR, default {values['model_host_dir']}), or on the host `hf download "
         f"{values['model_repo']} --local-dir <GLM5_MODEL_HOST_DIR>`; on Kubernetes the weights Job "
-        "(k8s/job-weights.yaml)"
+        "(k8s/base/job-weights.yaml)"
     )
 
 

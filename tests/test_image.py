@@ -96,14 +96,14 @@ def test_compose_validator_can_fail(tmp_path: Path) -> None:
     assert run(tool("docker-compose"), "-f", str(bad), "config", "-q").returncode != 0
 
 
-def kustomized(folder: Path = ROOT / "k8s") -> str:
+def kustomized(folder: Path = ROOT / "k8s" / "base") -> str:
     done = run("kubectl", "kustomize", str(folder))
     assert done.returncode == 0, done.stderr
     return done.stdout
 
 
 def test_kubernetes_manifests_validate_strictly(tmp_path: Path) -> None:
-    """What `kubectl apply -k k8s/` applies: every object, after kustomize, passes the strict validator."""
+    """What `kubectl apply -k k8s/base` applies: every object, after kustomize, passes the strict validator."""
     built = tmp_path / "k8s.yaml"
     built.write_text(kustomized())
     kinds = [d["kind"] for d in yaml.safe_load_all(built.read_text())]
@@ -123,7 +123,7 @@ def test_kubernetes_image_is_one_setting_and_defaults_to_the_built_one(tmp_path:
     assert images == {settings.load_config()["deployment"]["image"]}
     # One edit moves every container to a pushed image.
     copy = tmp_path / "k8s"
-    shutil.copytree(ROOT / "k8s", copy)
+    shutil.copytree(ROOT / "k8s" / "base", copy)
     kust = copy / "kustomization.yaml"
     kust.write_text(
         kust.read_text().replace("newName: glm5-serve", "newName: registry.example.com/ml/glm5-serve")
@@ -152,7 +152,7 @@ def test_weights_are_filled_by_a_job_and_read_only_to_the_server() -> None:
 def test_kubernetes_validator_can_fail(tmp_path: Path) -> None:
     bad = tmp_path / "statefulset.yaml"
     bad.write_text(
-        (ROOT / "k8s/statefulset.yaml").read_text().replace("timeoutSeconds: 30", "timeoutSecond: 30", 1)
+        (ROOT / "k8s/base/statefulset.yaml").read_text().replace("timeoutSeconds: 30", "timeoutSecond: 30", 1)
     )
     assert run(tool("kubernetes-validate"), "--strict", "-k", "1.30", str(bad)).returncode != 0
 
@@ -318,3 +318,62 @@ def test_every_jit_cache_follows_the_keyed_folder_in_real_sglang() -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     found = json.loads(done.stdout.splitlines()[-1])
     assert found and all(v and v.startswith("/cache/build-dev/sglang") for v in found.values()), found
+
+
+def gateway_launch(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GLM5_")}
+    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"  # the test venv's python3, with smg
+    return subprocess.run(
+        [str(ROOT / "gateway" / "launch"), *args], capture_output=True, text=True, env=env, timeout=120
+    )
+
+
+def test_the_gateway_overlay_runs_replicas_one_per_node_behind_the_gateway(tmp_path: Path) -> None:
+    built = tmp_path / "gateway.yaml"
+    built.write_text(kustomized(ROOT / "k8s" / "overlays" / "gateway"))
+    done = run(tool("kubernetes-validate"), "--strict", "-k", "1.30", str(built))
+    assert done.returncode == 0, done.stdout + done.stderr
+    objects = {(o["kind"], o["metadata"]["name"]): o for o in yaml.safe_load_all(built.read_text())}
+    sts = objects[("StatefulSet", "glm5")]["spec"]
+    assert sts["replicas"] == settings.load_config()["gateway"]["replicas"] == 2
+    affinity = sts["template"]["spec"]["affinity"]
+    assert "nodeAffinity" in affinity  # the base's GPU node selection is kept
+    (spread,) = affinity["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname"
+    role = objects[("Role", "glm5-gateway")]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+    assert not any(k == "ClusterRole" for k, _ in objects)  # one namespace, no cluster-wide rights
+    assert objects[("PodDisruptionBudget", "glm5")]["spec"]["maxUnavailable"] == 1
+    deploy = objects[("Deployment", "glm5-gateway")]["spec"]["template"]["spec"]
+    (gw,) = deploy["containers"]
+    assert (
+        gw["image"] == settings.load_config()["deployment"]["image"]
+        and deploy["serviceAccountName"] == "glm5-gateway"
+    )
+    assert not any("api-key" in a or "API_KEY=" in a for a in gw["args"])
+    # The gateway's arguments, as the pod runs them, pass the pinned smg's own parser.
+    argv = [a.replace("$(POD_NAMESPACE)", "glm5") for a in gw["args"][1:]]
+    checked = gateway_launch(*argv, "--dry-run")
+    assert checked.returncode == 0, checked.stderr
+    assert "--service-discovery-namespace glm5" in checked.stdout and "--policy cache_aware" in checked.stdout
+    refused = gateway_launch(*argv, "--dry-run", "--", "--health-check-timeout-secs", "2.5")
+    assert refused.returncode == 2 and "invalid int value: '2.5'" in refused.stderr
+
+
+def test_the_compose_gateway_profile_is_valid_and_gpu_free() -> None:
+    done = run(tool("docker-compose"), "-f", "docker-compose.yml", "--profile", "gateway", "config")
+    assert done.returncode == 0, done.stderr
+    services = yaml.safe_load(done.stdout)["services"]
+    gw = services["gateway"]
+    assert gw["profiles"] == ["gateway"] and "deploy" not in gw  # no GPU for the router
+    assert gw["command"] == [
+        "gateway",
+        "--discovery-file",
+        settings.load_config()["gateway"]["discovery_file"],
+    ]
+    hosts = settings.declarations()["GLM5_GATEWAY_HOST_PORT"].default
+    assert int(hosts) == settings.load_config()["gateway"]["port"]
+    plain = yaml.safe_load(run(tool("docker-compose"), "-f", "docker-compose.yml", "config").stdout)[
+        "services"
+    ]
+    assert "gateway" not in plain  # only with the profile

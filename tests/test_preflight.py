@@ -309,7 +309,7 @@ def test_the_start_no_longer_downloads_and_names_the_step_that_does() -> None:
         settings.resolve({"GLM5_DOWNLOAD": "1"})
     assert [str(p) for p in err.value.problems] == [
         "GLM5_DOWNLOAD: was removed; fix: download the weights as a step before the start: `docker compose run "
-        "--rm glm5 download` (compose) or the weights Job (k8s/job-weights.yaml); a download inside the start "
+        "--rm glm5 download` (compose) or the weights Job (k8s/base/job-weights.yaml); a download inside the start "
         "would outlast the 40-minute startup probes"
     ]
 

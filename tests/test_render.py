@@ -58,7 +58,7 @@ def run_render(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def pod(root: Path) -> dict:  # type: ignore[type-arg]
-    statefulset = yaml.safe_load((root / "k8s/statefulset.yaml").read_text())
+    statefulset = yaml.safe_load((root / "k8s/base/statefulset.yaml").read_text())
     return statefulset["spec"]["template"]  # type: ignore[no-any-return]
 
 
@@ -102,7 +102,7 @@ def test_the_port_is_one_edit(tmp_path: Path, port: int) -> None:
     c, p = compose(root), pod(root)
     assert c["ports"] == [f"${{GLM5_BIND:-127.0.0.1}}:${{GLM5_HOST_PORT:-{port}}}:{port}"]
     assert p["spec"]["containers"][0]["ports"][0]["containerPort"] == port
-    assert yaml.safe_load((root / "k8s/service.yaml").read_text())["spec"]["ports"][0]["port"] == port
+    assert yaml.safe_load((root / "k8s/base/service.yaml").read_text())["spec"]["ports"][0]["port"] == port
     assert f"\nEXPOSE {port}\n" in (root / "Dockerfile").read_text()
     assert f"| `--port` | `{port}` |" in (root / "README.md").read_text()
     for rel in render.OUTPUTS:
@@ -141,7 +141,7 @@ def test_gpu_count_and_image_follow_the_source(tmp_path: Path) -> None:
         ("gpu_count = 8", "gpu_count = 4"),
     )
     assert c["image"] == "${GLM5_IMAGE:-registry.example/glm5-serve:0.2.0}"  # compose: GLM5_IMAGE in .env
-    assert p["spec"]["containers"][0]["image"] == "registry.example/glm5-serve"  # tag: k8s/kustomization.yaml
+    assert p["spec"]["containers"][0]["image"] == "registry.example/glm5-serve"  # tag: kustomization.yaml
     assert c["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == ["0", "1", "2", "3"]
     assert p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 4
 
@@ -174,7 +174,7 @@ def test_the_rendered_files_keep_their_rules() -> None:
 
 def test_an_unknown_placeholder_is_refused(tmp_path: Path) -> None:
     root = kit_copy(tmp_path)
-    template = root / "ci/templates/k8s/service.yaml"
+    template = root / "ci/templates/k8s/base/service.yaml"
     template.write_text(template.read_text() + "# {{ no_such_value }}\n")
     done = run_render(root)
     assert done.returncode == 1 and "unknown placeholder(s) no_such_value" in done.stderr
@@ -195,7 +195,20 @@ def test_rendered_compose_and_pod_still_validate(tmp_path: Path) -> None:
     assert run_render(root).returncode == 0
     bin_dir = Path(shutil.which("kubernetes-validate") or "kubernetes-validate").parent
     for argv in (
-        ["kubernetes-validate", "--strict", "-k", "1.30", *map(str, sorted(root.glob("k8s/[!k]*.yaml")))],
+        [
+            "kubernetes-validate",
+            "--strict",
+            "-k",
+            "1.30",
+            *map(
+                str,
+                sorted(
+                    p
+                    for p in root.glob("k8s/**/*.yaml")
+                    if p.name not in ("kustomization.yaml", "replicas.yaml")
+                ),
+            ),
+        ],
         ["docker-compose", "-f", str(root / "docker-compose.yml"), "config", "-q"],
     ):
         done = subprocess.run(
