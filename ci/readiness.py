@@ -97,7 +97,7 @@ class Url(Target):
 
     def __init__(self, conn: Connection, environ: Mapping[str, str]) -> None:
         super().__init__(conn)
-        self.env = dict(environ)
+        self.env = settings.container_environment(environ)  # the healthcheck refuses host-side settings
         self.log = log_of(environ)
 
     def state(self) -> dict[str, Any] | None:

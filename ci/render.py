@@ -79,6 +79,11 @@ def values(cfg: Mapping[str, Any]) -> dict[str, Any]:
         for _ in [1]
         if v["stop_margin_seconds"] < 5
     ]
+    if v["start_seconds"] < v["startup_budget_seconds"]:
+        problems.append(
+            f"start_seconds = {v['start_seconds']} is under startup_budget_seconds = {v['startup_budget_seconds']}: a "
+            "start that fails after it would restart forever without counting towards FATAL"
+        )
     longest = settings.declarations(cfg)["GLM5_HEALTH_TIMEOUT"].high
     if v["probe_command_timeout_seconds"] <= max(v["health_timeout_seconds"], longest):
         problems.append(

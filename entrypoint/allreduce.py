@@ -72,8 +72,7 @@ def worker(rank: int, world: int, port: int, sizes: list[int], iters: int, queue
             }
         )
     dist.destroy_process_group()
-    if rank == 0:
-        queue.put(rows)
+    queue.put((rank, rows))  # every rank checks its own copy of the sum
 
 
 def run(sizes: list[int], iters: int, timeout: float) -> dict[str, Any]:
@@ -106,9 +105,13 @@ def run(sizes: list[int], iters: int, timeout: float) -> dict[str, Any]:
     if hung:
         return out | {"ok": False, "error": f"ranks {hung} did not finish within {timeout:g} s: a hang"}
     failed = [i for i, p in enumerate(procs) if p.exitcode != 0]
-    if failed or queue.empty():
+    reports = dict(queue.get(timeout=30) for _ in range(world)) if not failed else {}
+    if failed or len(reports) != world:
         return out | {"ok": False, "error": f"ranks {failed} exited {[procs[i].exitcode for i in failed]}"}
-    rows = queue.get()
+    rows = reports[0]
+    for rank_rows in reports.values():  # a size is correct only where every rank got the right sum
+        for row, theirs in zip(rows, rank_rows, strict=True):
+            row["correct"] = row["correct"] and theirs["correct"]
     wrong = [r["bytes"] for r in rows if not r["correct"]]
     out |= {"sizes": rows, "ok": not wrong}
     if wrong:

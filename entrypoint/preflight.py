@@ -206,12 +206,23 @@ def check_model(values: Mapping[str, Any]) -> list[Problem]:
                 "GLM5_MODEL_DIR", f"{model} does not exist: {download_hint(values)}", code=MODEL_DIR_MISSING
             )
         ]
-    if not any(model.iterdir()):
+    try:
+        empty = not any(model.iterdir())
+    except OSError as err:
+        return [
+            Problem(
+                "GLM5_MODEL_DIR",
+                f"cannot read {model} ({err.strerror}): the server runs as UID {os.getuid()}",
+                "make the folder readable by it (chmod -R a+rX on the host)",
+                code=MODEL_DIR_MISSING,
+            )
+        ]
+    if empty:
         return [
             Problem(
                 "GLM5_MODEL_HOST_DIR",
                 f"{model} is empty (Docker creates an empty folder when the host folder GLM5_MODEL_HOST_DIR does "
-                f"not exist): {download_hint(values)}",
+                f"not exist; on Kubernetes the weights Job has not filled the volume yet): {download_hint(values)}",
                 code=MODEL_DIR_MISSING,
             )
         ]
@@ -340,14 +351,24 @@ def check_flags(server_args: list[str], python: str = sys.executable) -> list[Pr
     """Parse and resolve the server flags with sglang's own code, as the server will before it loads anything
     (entrypoint/resolve_flags.py: argparse, resolve_once with the model's config, check_server_args)."""
     env = dict(os.environ) | {"HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
-    done = subprocess.run(
-        [python, str(RESOLVE_FLAGS), *server_args],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=300,
-        env=env,
-    )
+    try:
+        done = subprocess.run(
+            [python, str(RESOLVE_FLAGS), *server_args],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=300,
+            env=env,
+        )
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return [
+            Problem(
+                "GLM5_EXTRA_ARGS",
+                f"resolving the server flags did not finish: {err}",
+                "retry",
+                code=SERVER_FLAGS,
+            )
+        ]
     if done.returncode == 0:
         return []
     lines = [ln for ln in done.stderr.strip().splitlines() if ln.strip() and not ln.startswith("[")]

@@ -42,7 +42,7 @@ def writable_problem(model_dir: Path) -> Problem | None:
         "GLM5_MODEL_HOST_DIR",
         f"{probe} is not writable by UID {os.getuid()} (Docker creates a missing host folder owned by root)",
         "on the host: `sudo install -d -o 1000 -g 0 <GLM5_MODEL_HOST_DIR>` (or chown -R 1000:0 an existing one); "
-        "Kubernetes: run the Job with fsGroup 1000 on a volume that honours it",
+        "Kubernetes: the weights Job's fsGroup (0) must be honoured by the volume's storage class",
         preflight.MODEL_DIR_MISSING,
     )
 

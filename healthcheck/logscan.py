@@ -47,7 +47,10 @@ EVENTS: dict[str, re.Pattern[bytes]] = {
     "sigquit": re.compile(rb"Received sigquit from a child process"),
     "capture_failed": re.compile(rb"Capture cuda graph failed[^\r\n]*"),
     # A server process that died or hung: fatal after the ready line too (a request's traceback is not).
-    "process_exception": re.compile(rb"(?:Scheduler|DetokenizerManager|TokenizerManager) hit an exception"),
+    "process_exception": re.compile(
+        rb"(?:Scheduler|DetokenizerManager|TokenizerManager|DataParallelController|MultiTokenizerRouter"
+        rb"|MultiDetokenizerRouter) hit an exception"
+    ),
     "nccl_watchdog": re.compile(
         rb"Watchdog caught collective operation timeout[^\r\n]*|ProcessGroupNCCL[^\r\n]*failure detected by watchdog[^\r\n]*"
     ),
@@ -70,7 +73,11 @@ KEYWORDS = (
     b"atchdog",
     b"kill_process_tree",
 )
-EXCEPTION_LINE = re.compile(rb"^((?:[A-Za-z_][\w.]*)?(?:Error|Exception|Interrupt): [^\r\n]*)", re.M)
+EXCEPTION_LINE = re.compile(
+    rb"^((?:[A-Za-z_][\w.]*)?(?:Error|Exception|Interrupt): [^\r\n]*"
+    rb"|(?:[a-z_]\w*\.)+[A-Z]\w*: [^\r\n]*)",  # or a dotted class: torch._dynamo.exc.Unsupported: ...
+    re.M,
+)
 
 
 class Scan:
@@ -160,22 +167,27 @@ def record(result: Scan, name: str, m: re.Match[bytes], data: bytes, end: int) -
         result.failure = failure_reason(name, m, data, end)
 
 
+def exception_after(data: bytes, end: int) -> str:
+    """The exception a traceback ends with: on the rest of this line ("... hit an exception: X: msg"), else the
+    next exception line, else the last one before (pasted logs put it first), else say it is not there."""
+    line_end = min((e for e in (data.find(b"\n", end), data.find(b"\r", end)) if e >= 0), default=len(data))
+    rest = data[end:line_end].lstrip(b": ")
+    exc = EXCEPTION_LINE.match(rest) or EXCEPTION_LINE.search(data, end)
+    if exc is None:
+        before = list(EXCEPTION_LINE.finditer(data, 0, end))
+        exc = before[-1] if before else None
+    return exc.group(1).decode(errors="replace")[:200] if exc else "(exception line not in the log)"
+
+
 def failure_reason(name: str, m: re.Match[bytes], data: bytes, end: int) -> str:
     if name == "oom":
         return "out of memory: " + m.group(0).decode(errors="replace")[:200]
     if name == "capture_failed":
         return m.group(0).decode(errors="replace")[:200]
     if name == "traceback":
-        exc = EXCEPTION_LINE.search(data, end)
-        return "traceback: " + (
-            exc.group(1).decode(errors="replace")[:200] if exc else "(exception line not in the log)"
-        )
+        return "traceback: " + exception_after(data, end)
     if name == "process_exception":
-        exc = EXCEPTION_LINE.search(data, end)
-        line = m.group(0).decode(errors="replace")
-        return f"{line}: " + (
-            exc.group(1).decode(errors="replace")[:200] if exc else "(exception line not in the log)"
-        )
+        return f"{m.group(0).decode(errors='replace')}: " + exception_after(data, end)
     if name == "nccl_watchdog":
         return "NCCL watchdog: " + m.group(0).decode(errors="replace")[:200]
     if name == "killed":

@@ -183,6 +183,7 @@ def decide(
     if quiet is not None and stall_seconds is not None and quiet > stall_seconds:
         return out | {
             "phase": "failed",
+            "hung": True,  # the one failure of a start that a restart can clear (liveness acts on it)
             "reason": f"no server log output for {quiet:.0f} s while {out['phase']} (GLM5_STALL_SECONDS="
             f"{stall_seconds:g}): a hang; NCCL peer-to-peer on PCIe is the known cause (README: a start that hangs)",
         }
@@ -203,6 +204,8 @@ def explain_failure(scan: Scan) -> str:
         where = "during prefill graph capture"
     elif "load_begin" in scan.seen and "load_end" not in scan.seen:
         where = "while loading weights"
+    elif "ready" in scan.seen:
+        where = "while serving"
     else:
         where = "during start"
     hint = (

@@ -2,14 +2,15 @@
 counts and /health answers 200; otherwise says which phase the start is in.
 
     healthcheck/healthcheck                   readiness (Docker HEALTHCHECK, k8s startup/readiness)
-    healthcheck/healthcheck --live            liveness: alive, not hung; once ready /health answers (a slow start passes)
+    healthcheck/healthcheck --live            liveness: not hung, and once ready /health answers (a slow start passes)
     healthcheck/healthcheck --started         startup: ready, or failed (the start is over either way)
     healthcheck/healthcheck --status          one line for people
     healthcheck/healthcheck --json            the state as one JSON object
     healthcheck/healthcheck --log FILE --no-http --json    judge a saved log alone
 
 Phases: starting, loading, capturing, warming_up, ready, failed. Exit 0 when ready and /health 200 (with --live:
-when alive and not failed), 1 otherwise, 2 bad usage, 3 an invalid GLM5_* setting.
+unless the start is hung or a ready server's /health fails; with --started: once ready or failed), 1 otherwise,
+2 bad usage, 3 an invalid GLM5_* setting.
 
 This module is the I/O edge (log tail, state files, /proc, /health); the decision is healthcheck/phase.py.
 It runs on every probe, so it imports little: no glm5.toml while the current start's launch.json exists.
@@ -211,10 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.live:
         # Alive: not failed (a hang while starting is failed), and once ready /health answers; Kubernetes
         # counts liveness_failures of these in a row before it restarts the container.
-        # A recorded failure passes: a restart cannot fix it and would reload the weights for nothing.
-        if "failed_code" in result:
-            return 0
-        return 0 if result["phase"] != "failed" and result["http"] in (None, 200) else 1
+        # Only what a restart can clear fails it: a hung start, or a ready server whose /health fails (a stuck
+        # scheduler). Any other failure (a recorded one, a short capture) would only reload the weights for nothing.
+        return 1 if result.get("hung") or result["http"] not in (None, 200) else 0
     # Ready to serve: the log says ready and /health answers 200 (a 503 after the ready line: draining, or
     # latched unhealthy by a /health that timed out; the phase stays ready, this probe fails).
     return 0 if result["phase"] == "ready" and result["http"] in (None, 200) else 1

@@ -192,6 +192,8 @@ def test_unreadable_is_unknown_never_a_crash(tmp_path: Path) -> None:
     assert checks["gpus"]["status"] == "fail"  # no GPU at all is a failure
     for name in ("topology", "p2p", "pcie_link", "power"):
         assert checks[name]["status"] == "unknown", checks[name]
+    missing = doctor.run(doctor.Box({"PATH": "/nonexistent"}), {}, ("p2p", "topology", "mig"))
+    assert [c.status for c in missing] == ["unknown"] * 3  # no nvidia-smi at all: unknown, not pass
     assert code == 1
 
 

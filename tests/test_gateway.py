@@ -90,7 +90,7 @@ def chat(url: str, text: str, key: str | None = KEY, **extra: Any) -> tuple[int,
         with urllib.request.urlopen(request, timeout=60) as r:
             return r.status, dict(json.loads(r.read()))
     except urllib.error.HTTPError as err:
-        return err.code, {}
+        return err.code, {"body": err.read().decode(errors="replace")}
     except (urllib.error.URLError, ConnectionError):
         return 0, {}  # nothing listening yet
 
@@ -121,8 +121,10 @@ def pair(tmp_path: Path, containers: list[Container]) -> Iterator[tuple[Gateway,
 
 def test_the_key_is_enforced_at_the_gateway_and_in_no_argv(pair: tuple[Gateway, list[Container]]) -> None:
     gw, _ = pair
-    assert chat(gw.url, "hello", key=None)[0] == 401
-    assert chat(gw.url, "hello", key="wrong-key-0123456789")[0] == 401
+    # smg's own answers (the replicas answer 401 with {"error": "Unauthorized"}): the gateway refused them itself.
+    assert chat(gw.url, "hello", key=None) == (401, {"body": chat(gw.url, "hello", key=None)[1]["body"]})
+    assert "Missing API key" in chat(gw.url, "hello", key=None)[1]["body"]
+    assert "Invalid API key" in chat(gw.url, "hello", key="wrong-key-0123456789")[1]["body"]
     code, body = chat(gw.url, "What is the capital of France?")
     assert code == 200 and "Paris" in body["choices"][0]["message"]["content"]
     cmdline = Path(f"/proc/{gw.proc.pid}/cmdline").read_bytes()

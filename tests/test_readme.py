@@ -17,9 +17,9 @@ from entrypoint import settings
 README = (ROOT / "README.md").read_text()
 # A kit path used as a command: not part of a longer path or a file name (.ci/run, ci/figures.toml, entrypoint/state.py).
 COMMAND = re.compile(
-    r"(?<![\w./-])(?:/opt/glm5/)?((?:ci|entrypoint|healthcheck|patches|image)/[a-z][a-z-]*[a-z])(?![\w./-])"
+    r"(?<![\w./-])(?:/opt/glm5/)?((?:ci|entrypoint|healthcheck|patches|image|gateway)/[a-z][a-z-]*[a-z])(?![\w./-])"
 )
-KIT_FOLDERS = ("ci", "entrypoint", "healthcheck", "patches", "image")
+KIT_FOLDERS = ("ci", "entrypoint", "healthcheck", "patches", "image", "gateway")
 
 
 def documented_commands(text: str) -> list[str]:
@@ -94,6 +94,9 @@ def test_figures_are_stated_in_one_place() -> None:
 
 
 def test_readme_checks_can_fail(tmp_path: Path) -> None:
-    fake = tmp_path / "README.md"
-    fake.write_text("`ci/build-image` took 781 s on 2 cores, an 11.2 GB image")
-    assert re.search(r"\b\d+ s on 2 cores", fake.read_text())
+    """The figure rule catches prose that states a figure of its own (the other rules have their own can-fail tests)."""
+    stale = "`ci/build-image` took 781 s on 2 cores, an 11.2 GB image"
+    assert any(re.search(p, stale) for p in (r"\b\d+ s on 2 cores", r"\d+(\.\d+)? GB image"))
+    assert not any(
+        re.search(p, README.split("<!-- ci/render: figures -->")[0]) for p in (r"\b\d+ s on 2 cores",)
+    )

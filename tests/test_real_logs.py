@@ -80,3 +80,13 @@ def test_the_rules_every_excerpt_obeys(excerpt: dict[str, Any]) -> None:
     alone = judge(marker + b"\n" + data)
     after_a_failure = judge(earlier + b"\n" + marker + b"\n" + data)
     assert after_a_failure == alone
+
+
+def test_a_dynamo_failure_is_named_by_its_exception() -> None:
+    """torch._dynamo.exc.Unsupported is not an ...Error: the reason still names it (the failure patch 0001 is about)."""
+    for prefix in ("33-", "34-"):
+        (excerpt,) = [e for e in EXCERPTS if e["file"].startswith(prefix)]
+        found = judge(text_of(excerpt))
+        assert found["phase"] == "failed" and "torch._dynamo.exc.Unsupported: " in found["reason"], found[
+            "reason"
+        ]
