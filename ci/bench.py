@@ -186,7 +186,7 @@ def context(args: argparse.Namespace, target: readiness.Target | None) -> dict[s
     return out
 
 
-SECRET_ARGS = ("api_key", "admin_api_key")
+SECRET_ARGS = ("api_key", "admin_api_key", "ssl_keyfile_password")
 
 
 def url_context(conn: readiness.Connection) -> dict[str, Any]:
