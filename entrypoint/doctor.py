@@ -197,10 +197,11 @@ def number(text: str | None) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def parse_matrix(text: str) -> tuple[list[str], dict[str, list[str]]]:
-    """An nvidia-smi topo matrix: its GPU labels, and each GPU row's cells by column: the device columns
-    (GPUs, then any NICs), then CPU affinity and NUMA affinity. Cells are split on any whitespace (nvidia-smi
-    writes tabs; pasted copies carry spaces); its ANSI underline escapes are dropped."""
+def parse_matrix(text: str) -> tuple[list[str], dict[str, list[str]], int]:
+    """An nvidia-smi topo matrix: its GPU labels, each GPU row's cells by column (the device columns: GPUs, then
+    any NICs; then CPU affinity and NUMA affinity), and how many device columns precede CPU affinity. Cells are
+    split on any whitespace (nvidia-smi writes tabs; pasted copies carry spaces); its ANSI underline escapes are
+    dropped."""
     lines = [ANSI.sub("", ln) for ln in text.splitlines()]
     header_at = next(i for i, ln in enumerate(lines) if re.search(r"\bGPU0\b", ln))
     header = lines[header_at].split()
@@ -215,15 +216,7 @@ def parse_matrix(text: str) -> tuple[list[str], dict[str, list[str]]]:
             continue
         if re.fullmatch(r"GPU\d+", cells[0]):
             rows[cells[0]] = cells[1:]
-    return gpus, rows
-
-
-def column(gpus: list[str], text: str) -> int:
-    """How many device columns (GPUs and NICs) precede CPU affinity."""
-    header = next(
-        ANSI.sub("", ln) for ln in text.splitlines() if re.search(r"\bGPU0\b", ANSI.sub("", ln))
-    ).split()
-    return header.index("CPU") if "CPU" in header else len(gpus)
+    return gpus, rows, len(devices) if "CPU" in header else len(gpus)
 
 
 def check_topology(box: Box) -> Check:
@@ -231,12 +224,11 @@ def check_topology(box: Box) -> Check:
     if text is None:
         return unreadable("topology", "nvidia-smi", box)
     try:
-        gpus, rows = parse_matrix(text)
+        gpus, rows, devices = parse_matrix(text)
     except StopIteration:
         return Check("topology", "unknown", "nvidia-smi topo -m printed no GPU matrix")
     kinds: dict[str, list[str]] = {}
     numa: dict[str, str] = {}
-    devices = column(gpus, text)
     order = {g: int(g[3:]) for g in gpus}
     for a in gpus:
         cells = rows.get(a, [])
@@ -271,7 +263,7 @@ def check_p2p(box: Box) -> Check:
         if text is None:
             continue
         try:
-            gpus, rows = parse_matrix(text)
+            gpus, rows, _ = parse_matrix(text)
         except StopIteration:
             continue
         read += 1

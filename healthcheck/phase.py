@@ -13,15 +13,8 @@ from typing import Any
 from healthcheck.logscan import Scan
 
 DECODE_DONE = ("decode_end", "decode_end_legacy")
-CAPTURE_STARTED = (
-    "prefill_begin",
-    "prefill_begin_legacy",
-    "prefill_list_legacy",
-    "prefill_frame",
-    "decode_begin",
-    "decode_list_legacy",
-    "decode_frame",
-)
+DECODE_STARTED = ("decode_begin", "decode_list_legacy", "decode_frame")
+PREFILL_STARTED = ("prefill_begin", "prefill_begin_legacy", "prefill_list_legacy", "prefill_frame")
 
 
 def decode_done(scan: Scan) -> bool:
@@ -31,17 +24,8 @@ def decode_done(scan: Scan) -> bool:
 def capture_open(scan: Scan) -> bool:
     """A capture has begun and not ended: decode (its begin, list or frames without an end), or prefill (the
     piecewise era captured it after decode)."""
-    decode_open = bool(
-        scan.seen.intersection(("decode_begin", "decode_list_legacy", "decode_frame"))
-    ) and not decode_done(scan)
-    prefill_open = (
-        bool(
-            scan.seen.intersection(
-                ("prefill_begin", "prefill_begin_legacy", "prefill_list_legacy", "prefill_frame")
-            )
-        )
-        and "prefill_end" not in scan.seen
-    )
+    decode_open = bool(scan.seen.intersection(DECODE_STARTED)) and not decode_done(scan)
+    prefill_open = bool(scan.seen.intersection(PREFILL_STARTED)) and "prefill_end" not in scan.seen
     return decode_open or prefill_open
 
 

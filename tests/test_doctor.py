@@ -59,6 +59,18 @@ GOOD_FILES = {
 }
 
 
+def install_box(tmp_path: Path, box_gpus: list[dict[str, str]], files: dict[str, Path]) -> tuple[Path, Path]:
+    """The box's readings in box.json, and the nvidia-smi stand-in that prints them, in tmp_path/bin."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    box = tmp_path / "box.json"
+    box.write_text(json.dumps({"gpus": box_gpus, "files": {k: str(v) for k, v in files.items()}}))
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\nexec '{os.sys.executable}' '{DOUBLE}' \"$@\"\n")
+    smi.chmod(0o755)
+    return bin_dir, box
+
+
 def run_doctor(
     tmp_path: Path,
     box_gpus: list[dict[str, str]],
@@ -68,13 +80,7 @@ def run_doctor(
     cmdline: str = "BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro iommu=pt\n",
     iommu_units: tuple[str, ...] = ("dmar0",),
 ) -> tuple[int, dict[str, Any]]:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    box = tmp_path / "box.json"
-    box.write_text(json.dumps({"gpus": box_gpus, "files": {k: str(v) for k, v in files.items()}}))
-    smi = bin_dir / "nvidia-smi"
-    smi.write_text(f"#!/bin/sh\nexec '{os.sys.executable}' '{DOUBLE}' \"$@\"\n")
-    smi.chmod(0o755)
+    bin_dir, box = install_box(tmp_path, box_gpus, files)
     if lspci is not None:
         stand_in = bin_dir / "lspci"
         stand_in.write_text(f"#!/bin/sh\ncat '{lspci}'\n")
@@ -238,13 +244,7 @@ def test_every_check_is_documented(name: str) -> None:
 def prepare_with_box(
     tmp_path: Path, box_gpus: list[dict[str, str]], files: dict[str, Path]
 ) -> subprocess.CompletedProcess[str]:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    box = tmp_path / "box.json"
-    box.write_text(json.dumps({"gpus": box_gpus, "files": {k: str(v) for k, v in files.items()}}))
-    smi = bin_dir / "nvidia-smi"
-    smi.write_text(f"#!/bin/sh\nexec '{os.sys.executable}' '{DOUBLE}' \"$@\"\n")
-    smi.chmod(0o755)
+    bin_dir, box = install_box(tmp_path, box_gpus, files)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GLM5_", "FLASHINFER_"))} | {
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
         "NVIDIA_SMI_DOUBLE_BOX": str(box),
