@@ -187,7 +187,9 @@ def test_a_bad_require_value_is_named() -> None:
 
 @pytest.fixture
 def short_disk(tmp_path: Path) -> Path:
-    """A PATH where ci/build-image is root, has buildah and debootstrap, and df reports 14 GB free."""
+    """A PATH where ci/build-image is root, has buildah and debootstrap, and df reports 14 GB free (a hosted
+    runner's free disk, as issue 17 states it). df's output has the shape GNU coreutils 9.1 prints here for
+    `df --output=avail -BG /`: an `Avail` header line, then the figure right-aligned with its G suffix."""
     fake = tmp_path / "bin"
     fake.mkdir()
     scripts = {

@@ -3,8 +3,10 @@
 each cited in SOURCES.md) for the commands the doctor runs, and answers --query-gpu for whatever fields are
 asked, as nvidia-smi does: the header is the field names, comma-separated, with the unit in brackets for
 fields that have one (`memory.total [MiB]`, `power.limit [W]`: as in the real outputs quoted there), one row
-per GPU, `[N/A]` for a field the GPU does not report, and exit 2 with `Field "X" is not a valid field to
-query.` for a name nvidia-smi does not know.
+per GPU, `[N/A]` for a field the GPU does not report (query-gpu-gb10-memory-total-na-noheader.txt), and exit 2
+with `Field "X" is not a valid field to query.` and a blank line on stdout for a name nvidia-smi does not know
+(as quoted in github.com/CoHDI/composable-resource-operator/issues/37: "command terminated with exit code 2",
+stdout 'Field \"device_minor\" is not a valid field to query.\n\n').
 
 The box is a JSON file named by NVIDIA_SMI_DOUBLE_BOX: {"gpus": [{field: value}], "files": {"topo -m": path,
 "topo -p2p r": path, "topo -p2p w": path, "-L": path}}; a command without a file exits 1 as a box without
