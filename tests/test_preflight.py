@@ -17,6 +17,7 @@ import pytest
 from common.report import Log, Problems
 from conftest import ROOT
 from entrypoint import config, preflight, settings, weights
+from helpers.unprivileged import reachable_copy
 
 SMI = ROOT / "tests" / "fixtures" / "nvidia-smi"
 SHARDS = [
@@ -296,11 +297,13 @@ DOWNLOAD = ROOT / "entrypoint" / "download"
 HF_BIN = ROOT / ".venv-bench" / "bin"  # the image's huggingface_hub (1.33.0) and its `hf` command
 
 
-def run_download(env: dict[str, str], *prefix: str) -> subprocess.CompletedProcess[str]:
+def run_download(
+    env: dict[str, str], *prefix: str, download: Path = DOWNLOAD
+) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("GLM5_", "HF_"))}
     base["PATH"] = f"{HF_BIN}:{base['PATH']}"
     return subprocess.run(
-        [*prefix, str(DOWNLOAD)], env=base | env, capture_output=True, text=True, check=False, timeout=120
+        [*prefix, str(download)], env=base | env, capture_output=True, text=True, check=False, timeout=120
     )
 
 
@@ -343,6 +346,8 @@ def test_download_of_a_folder_uid_1000_cannot_write_names_the_fix(request: pytes
     host = Path(tempfile.mkdtemp(prefix="glm5-root-owned-"))  # /tmp: pytest's own folder is 0700
     host.chmod(0o755)
     request.addfinalizer(lambda: shutil.rmtree(host))
+    kit = reachable_copy("common", "entrypoint")  # UID 1000 may not reach the checkout itself
+    request.addfinalizer(lambda: shutil.rmtree(kit))
     done = run_download(
         {"GLM5_MODEL_DIR": str(host / "GLM-5-NVFP4")},
         "setpriv",
@@ -351,6 +356,7 @@ def test_download_of_a_folder_uid_1000_cannot_write_names_the_fix(request: pytes
         "--regid",
         "1000",
         "--clear-groups",
+        download=kit / "entrypoint" / "download",
     )
     assert done.returncode == preflight.MODEL_DIR_MISSING, done.stderr
     assert f"GLM5_MODEL_HOST_DIR: {host} is not writable by UID 1000" in done.stderr

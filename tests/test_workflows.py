@@ -16,6 +16,7 @@ import yaml
 
 from ci import render
 from conftest import ROOT
+from helpers.unprivileged import reachable_copy
 
 BIN = Path(sys.executable).parent
 WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
@@ -147,10 +148,10 @@ def test_no_hosted_job_runs_the_projects_own_ci() -> None:
 # ---- ci/build-image's skip --------------------------------------------------------------------------------
 
 
-def build_image(*prefix: str, **env: str) -> subprocess.CompletedProcess[str]:
+def build_image(*prefix: str, script: Path = BUILD_IMAGE, **env: str) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("GLM5_", "GITHUB_"))}
     return subprocess.run(
-        [*prefix, str(BUILD_IMAGE)],
+        [*prefix, str(script)],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -171,7 +172,11 @@ def as_non_root() -> list[str]:
 @pytest.mark.parametrize("require", [None, "0", "1"])
 def test_not_root_is_a_usage_error(require: str | None) -> None:
     env = {"GITHUB_ACTIONS": "true"} | ({"GLM5_REQUIRE_IMAGE": require} if require else {})
-    done = build_image(*as_non_root(), **env)
+    kit = reachable_copy("ci/build-image")  # the non-root user may not reach the checkout itself
+    try:
+        done = build_image(*as_non_root(), script=kit / "ci" / "build-image", **env)
+    finally:
+        shutil.rmtree(kit)
     assert done.returncode == 1
     assert (
         "needs root" in done.stderr and "sudo --preserve-env=GITHUB_ACTIONS,GLM5_REQUIRE_IMAGE" in done.stderr
