@@ -58,13 +58,14 @@ RUN /opt/glm5/patches/apply \
 COPY entrypoint/ /opt/glm5/entrypoint/
 COPY healthcheck/ /opt/glm5/healthcheck/
 COPY gateway/ /opt/glm5/gateway/
+COPY monitoring/ /opt/glm5/monitoring/
 # The build's identity keys the JIT caches on the volume (/cache/build-ID/, entrypoint/glm5.toml [[env]]):
 # what compiled kernels depend on (the base, its CUDA, the Python stack, the patches). Another build never loads them.
 ARG BASE_IMAGE
 RUN { printf '%s\n' "${BASE_IMAGE}" "${CUDA_MAJOR_MINOR}"; cat /opt/glm5/image/requirements.lock /opt/glm5/patches/series /opt/glm5/patches/*.patch; } \
       | sha256sum | cut -c1-16 > /opt/glm5/BUILD-ID
 # Bytecode now: the image never writes it (PYTHONDONTWRITEBYTECODE), and every probe imports these modules.
-RUN python3 -m compileall -q /opt/glm5/common /opt/glm5/entrypoint /opt/glm5/healthcheck /opt/glm5/patches /opt/glm5/image
+RUN python3 -m compileall -q /opt/glm5/common /opt/glm5/entrypoint /opt/glm5/healthcheck /opt/glm5/monitoring/exporter.py /opt/glm5/patches /opt/glm5/image
 
 # Non-root: SGLang needs no root; the GPUs come through the NVIDIA runtime's device files.
 RUN if id -u ubuntu >/dev/null 2>&1; then userdel --remove ubuntu; fi \
@@ -75,7 +76,7 @@ RUN if id -u ubuntu >/dev/null 2>&1; then userdel --remove ubuntu; fi \
 USER ${GLM5_UID}
 WORKDIR /home/glm5
 
-EXPOSE 30000
+EXPOSE 30000 30090
 VOLUME ["/cache"]
 # A GLM-5 start: ~410 GB of weights plus capture of 58 prefill and 52 decode graphs (times: the README's
 # Figures). 40 min of grace before failed probes count; probes before that only

@@ -34,6 +34,26 @@ EXIT_CODES: tuple[tuple[str, str, str], ...] = (
 )  # fmt: skip
 
 
+# What failed, as a number a metric can carry without a label (monitoring/exporter.py's glm5_start_failure_code):
+# a failure the entrypoint recorded (failed.json) carries its exit code above; one the healthcheck reads from the
+# log carries its code here. Above 200, so no exit code is ever mistaken for one of these.
+FAILURE_KINDS: tuple[tuple[int, str, str], ...] = (
+    (201, "oom", "out of memory before the ready line (lower GLM5_MEM_FRACTION_STATIC or GLM5_CUDA_GRAPH_MAX_BS_DECODE)"),
+    (202, "traceback", "a traceback before the ready line"),
+    (203, "capture_failed", "CUDA graph capture failed"),
+    (204, "process_exception", "a server process hit an exception (fatal after the ready line too)"),
+    (205, "sigquit", "a server subprocess failed (SGLang's sigquit)"),
+    (206, "nccl_watchdog", "the NCCL watchdog caught a collective timeout"),
+    (207, "killed", "the server's processes were killed"),
+    (208, "exited", "the start's server process exited"),
+    (209, "hung", "no log output for GLM5_STALL_SECONDS while starting: a hang (liveness restarts it)"),
+    (210, "decode_short", "fewer decode CUDA graphs captured than expected"),
+    (211, "prefill_short", "fewer prefill CUDA graphs captured than expected"),
+    (212, "no_decode_capture", "ready without a decode CUDA graph capture: decode runs without graphs"),
+)  # fmt: skip
+FAILURE_CODE = {kind: code for code, kind, _ in FAILURE_KINDS}
+
+
 def debug_enabled() -> bool:
     """GLM5_DEBUG (declared in entrypoint/glm5.toml), read here because every tool logs through this module,
     the image build's too, before entrypoint/ is in the image."""

@@ -200,6 +200,7 @@ def processes(ppid: int | None = None, pgid: int | None = None) -> list[int]:
 
 
 SUPERVISOR_KEYS = (
+    "exporter_port",
     "on_failure",
     "log_dir",
     "state_dir",

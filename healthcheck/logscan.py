@@ -73,6 +73,9 @@ KEYWORDS = (
     b"atchdog",
     b"kill_process_tree",
 )
+# SGLang's record stamp at a line's start: local time (utils/common.py configure_logger: datefmt
+# "%Y-%m-%d %H:%M:%S", milliseconds with SGLANG_LOG_MS), then an optional rank prefix.
+LOG_TIME = re.compile(rb"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d{3})?[\] ]")
 EXCEPTION_LINE = re.compile(
     rb"^((?:[A-Za-z_][\w.]*)?(?:Error|Exception|Interrupt): [^\r\n]*"
     rb"|(?:[a-z_]\w*\.)+[A-Z]\w*: [^\r\n]*)",  # or a dotted class: torch._dynamo.exc.Unsupported: ...
@@ -94,6 +97,10 @@ class Scan:
         self.prefill_frame: tuple[int, int] | None = None
         self.decode_frame: tuple[int, int] | None = None
         self.failure: str | None = None
+        self.failure_event: str | None = None  # the EVENTS name that set `failure`
+        self.ready_at: str | None = (
+            None  # the ready line's own stamp (the server's local time), if it has one
+        )
         self.bytes_read = bytes_read
         for key, value in facts.items():
             if not hasattr(self, key):
@@ -130,6 +137,9 @@ def scan(data: bytes) -> Scan:
         for _, name, m in found:
             result.seen.add(name)
             record(result, name, m, data, begin + m.end())
+            if name == "ready" and result.ready_at is None:
+                stamp = LOG_TIME.match(line)
+                result.ready_at = stamp.group(1).decode() if stamp else None
     return result
 
 
@@ -165,6 +175,7 @@ def record(result: Scan, name: str, m: re.Match[bytes], data: bytes, end: int) -
     ):
         # After the ready line a traceback belongs to a request; a dead or hung server process is fatal still.
         result.failure = failure_reason(name, m, data, end)
+        result.failure_event = name
 
 
 def exception_after(data: bytes, end: int) -> str:

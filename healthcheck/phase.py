@@ -111,12 +111,14 @@ def decide(
         "ready_line": "ready" in scan.seen,
         "http": http,
         "server_alive": alive,
+        "failure_kind": None,  # what failed, as a key of common.report.FAILURE_KINDS (metrics carry its code)
     }
     if scan.failure:
-        return out | {"phase": "failed", "reason": explain_failure(scan)}
+        return out | {"phase": "failed", "reason": explain_failure(scan), "failure_kind": scan.failure_event}
     if alive is False:
         return out | {
             "phase": "failed",
+            "failure_kind": "exited",
             "reason": f"the server process of start #{scan.start} exited (see the log above it)",
         }
     done = decode_done(scan)
@@ -124,6 +126,7 @@ def decide(
         if not accept_partial:
             return out | {
                 "phase": "failed",
+                "failure_kind": "decode_short",
                 "reason": (
                     f"decode CUDA graphs: captured {decode_captured} batch sizes, expected {expected[0]}; the performance "
                     "configuration did not take effect (check --cuda-graph-max-bs-decode / GLM5_CUDA_GRAPH_MAX_BS_DECODE and "
@@ -140,6 +143,7 @@ def decide(
     ):
         return out | {
             "phase": "failed",
+            "failure_kind": "prefill_short",
             "reason": (
                 f"prefill CUDA graphs: captured {prefill_captured} token shapes, expected {expected[1]}; check "
                 "--chunked-prefill-size and --cuda-graph-max-bs-prefill in the log, or accept it with "
@@ -151,6 +155,7 @@ def decide(
             if expected[0] is not None and not accept_partial:
                 return out | {
                     "phase": "failed",
+                    "failure_kind": "no_decode_capture",
                     "reason": f"the server became ready without a decode CUDA graph capture in the log (expected "
                     f"{expected[0]} batch sizes): decode runs without graphs",
                 }
@@ -168,6 +173,7 @@ def decide(
         return out | {
             "phase": "failed",
             "hung": True,  # the one failure of a start that a restart can clear (liveness acts on it)
+            "failure_kind": "hung",
             "reason": f"no server log output for {quiet:.0f} s while {out['phase']} (GLM5_STALL_SECONDS="
             f"{stall_seconds:g}): a hang; NCCL peer-to-peer on PCIe is the known cause (README: a start that hangs)",
         }

@@ -173,10 +173,13 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
             "phase": "failed",
             "reason": f"{recorded.get('reason')} (exit code {recorded.get('code')}; the container waits: fix it, then restart it)",
             "failed_code": recorded.get("code"),
+            "failure_kind": "recorded",
         }
     if current is not None and current.get("doctor_warnings"):
         result["doctor_warnings"] = [f"{w['name']}: {w['detail']}" for w in current["doctor_warnings"]]
     result["log"] = str(args.log_path)
+    result["log_quiet_seconds"] = None if quiet is None else round(quiet, 1)
+    result["ready_at"] = scan.ready_at
     return result
 
 

@@ -5,7 +5,8 @@ It accepts the server's command line, prints startup output in SGLang 0.5.23's f
 load, breakable prefill capture, decode capture with tqdm frames joined by carriage returns, the
 ready line), then serves the HTTP contract the kit relies on: /health 503 until warm-up then 200,
 /v1/models, /model_info, /v1/chat/completions (plain, streamed, tool calls, reasoning),
-/v1/completions, /generate (streamed), /metrics. Answers come from a small fixed table.
+/v1/completions, /generate (streamed), /metrics (sglang_metrics_double.py: SGLang's series, driven by the
+requests). Answers come from a small fixed table.
 
 Behaviour is chosen with SGLANG_DOUBLE_MODE (comma list): ok, crash-loading, oom-capture,
 short-capture, never-ready, slow-drain (a request that never finishes), slow-stream (50 ms per streamed
@@ -53,6 +54,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from sglang_metrics_double import Metrics
 from sglang_rules import decode_batch_sizes as decode_sizes
 from sglang_rules import prefill_token_sizes as prefill_sizes
 
@@ -73,6 +75,9 @@ STATE: dict[str, Any] = {
 HEALTH_CHECK_TIMEOUT = int(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", "20"))
 STEP = float(os.environ.get("SGLANG_DOUBLE_STEP", "3")) if "long-prefill" in MODES else TICK
 IN_FLIGHT: set[str] = set()  # rid_to_state
+METRICS: list[
+    Metrics
+] = []  # made at the first request or scrape, once the model name is known (tests/doubles/sglang_metrics_double.py)
 SCHEDULERS: list[subprocess.Popen[bytes]] = []
 
 
@@ -224,6 +229,11 @@ class Handler(BaseHTTPRequestHandler):
     def model_name(self) -> str:
         return "not-glm" if "wrong-model" in MODES else (self.args.served_model_name or self.args.model_path)
 
+    def metrics(self) -> Metrics:
+        if not METRICS:
+            METRICS.append(Metrics(self.model_name()))
+        return METRICS[0]
+
     def do_GET(self) -> None:
         path = self.path.split("?")[0]
         if path in ("/health", "/health_generate"):
@@ -273,10 +283,16 @@ class Handler(BaseHTTPRequestHandler):
             return
         rid = uuid.uuid4().hex
         IN_FLIGHT.add(rid)
+        before = (STATE["prompt_tokens"], STATE["generation_tokens"])
+        self.began, self.last_token, self.streaming = self.metrics().begin(), None, False
         try:
             self.post()
         finally:
             IN_FLIGHT.discard(rid)
+            if self.last_token is None:  # not streamed: the whole answer is the first token
+                self.last_token = self.metrics().token(self.began, None, False)
+            prompt, generated = STATE["prompt_tokens"] - before[0], STATE["generation_tokens"] - before[1]
+            self.metrics().end(self.began, prompt, generated, self.streaming)
 
     def post(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
@@ -438,27 +454,17 @@ class Handler(BaseHTTPRequestHandler):
                 return
             self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
             self.wfile.flush()
+            self.streaming = True
+            self.last_token = self.metrics().token(self.began, self.last_token, True)
             time.sleep(0.05 if "slow-stream" in MODES else TICK / 10)
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
         self.close_connection = True
 
     def send_metrics(self) -> None:
-        name = self.model_name()
-        lines = [
-            "# HELP sglang:prompt_tokens_total Number of prefill tokens processed.",
-            "# TYPE sglang:prompt_tokens_total counter",
-            f'sglang:prompt_tokens_total{{model_name="{name}"}} {STATE["prompt_tokens"]}.0',
-            "# TYPE sglang:generation_tokens_total counter",
-            f'sglang:generation_tokens_total{{model_name="{name}"}} {STATE["generation_tokens"]}.0',
-            "# TYPE sglang:num_running_reqs gauge",
-            f'sglang:num_running_reqs{{model_name="{name}"}} 0.0',
-            "# TYPE sglang:cache_hit_rate gauge",
-            f'sglang:cache_hit_rate{{model_name="{name}"}} 0.0',
-        ]
-        data = ("\n".join(lines) + "\n").encode()
+        data = self.metrics().text()
         self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)

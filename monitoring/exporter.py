@@ -1,0 +1,234 @@
+"""The kit's own start as Prometheus metrics: phase, graphs captured against expected, starts, time to ready, what
+failed (a code, no label), the doctor's warnings. Run by supervisord beside the server (entrypoint/supervisord.conf).
+
+    monitoring/exporter                      serve /metrics on GLM5_EXPORTER_PORT (glm5.toml: exporter_port)
+    monitoring/exporter --port P --host H    elsewhere
+    monitoring/exporter --once               print one scrape and exit (what Prometheus would read)
+
+Each scrape is one healthcheck probe without HTTP (healthcheck/probe.py: the same log tail, state files and
+decision, no second parser); /health is left to the probes, since it runs a generation, and the server's own
+/metrics show serving. prometheus-client renders the text format. A scrape reads at most the probe's 4 MiB log
+tail, so it costs the same on a 1 GB log as on a small one (ci/figures.toml: exporter CPU per scrape).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from common.report import FAILURE_CODE, INVALID_SETTING, USAGE, Log, Problems
+from healthcheck import probe
+
+LOG = Log("monitoring/exporter")
+PHASES = ("starting", "loading", "capturing", "warming_up", "ready", "failed")
+GRAPHS = ("decode", "prefill")
+# Every metric this exporter can expose (tests/test_monitoring.py holds the dashboard and the alerts to these).
+NAMES = (
+    "glm5_start_phase",
+    "glm5_start_graphs_captured",
+    "glm5_start_graphs_expected",
+    "glm5_starts",  # a counter: exposed as glm5_starts_total
+    "glm5_start_timestamp_seconds",
+    "glm5_start_age_seconds",
+    "glm5_start_ready_seconds",
+    "glm5_start_failure_code",
+    "glm5_start_hung",
+    "glm5_start_progress_age_seconds",
+    "glm5_start_stall_seconds",
+    "glm5_server_alive",
+    "glm5_doctor_warnings",
+    "glm5_doctor_warning",
+    "glm5_exporter_scrape_errors",
+)
+
+
+def gauge(name: str, doc: str, value: float | None, labels: Mapping[str, str] | None = None) -> Metric | None:
+    if value is None:
+        return None
+    family = GaugeMetricFamily(name, doc, labels=list(labels) if labels else None)
+    family.add_metric(list(labels.values()) if labels else [], float(value))
+    return family
+
+
+def epoch(iso: str | None) -> float | None:
+    """An ISO time (the marker's, with its offset) as Unix seconds."""
+    try:
+        return datetime.datetime.fromisoformat(iso).timestamp() if iso else None
+    except ValueError:
+        return None
+
+
+def local_epoch(stamp: str | None) -> float | None:
+    """SGLang's record stamp, local time of the container (which the server and this process share)."""
+    try:
+        return time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S")) if stamp else None
+    except ValueError:
+        return None
+
+
+def failure_code(result: Mapping[str, Any]) -> int:
+    """0 while nothing failed; the exit code a recorded failure carries; else the code of what the log shows."""
+    if result["phase"] != "failed":
+        return 0
+    if result.get("failed_code") is not None:
+        return int(result["failed_code"])
+    return FAILURE_CODE.get(str(result.get("failure_kind")), FAILURE_CODE["traceback"])
+
+
+def metrics(result: Mapping[str, Any], stall_seconds: float, now: float) -> Iterator[Metric]:
+    """The families for one probe result (healthcheck/probe.py's JSON object)."""
+    phase = GaugeMetricFamily(
+        "glm5_start_phase",
+        "The current start's phase: 1 for the one it is in (healthcheck phases)",
+        labels=["phase"],
+    )
+    for name in PHASES:
+        phase.add_metric([name], 1.0 if result["phase"] == name else 0.0)
+    yield phase
+    for kind, doc in (
+        ("captured", "CUDA graphs captured so far"),
+        ("expected", "CUDA graphs the configuration asks for"),
+    ):
+        family = GaugeMetricFamily(
+            f"glm5_start_graphs_{kind}", f"{doc}, by graph (decode, prefill)", labels=["graph"]
+        )
+        for graph in GRAPHS:
+            value = result.get(f"{graph}_{kind}")
+            if value is not None:
+                family.add_metric([graph], float(value))
+        yield family
+    if result.get("start") is not None:
+        starts = CounterMetricFamily(
+            "glm5_starts", "Server starts this container has made (the log marker's number)"
+        )
+        starts.add_metric([], float(result["start"]))
+        yield starts
+    started = epoch(result.get("started_at"))
+    ready = local_epoch(result.get("ready_at"))
+    over = result["phase"] in ("ready", "failed") and not result.get("hung")
+    quiet = result.get("log_quiet_seconds")
+    families = (
+        gauge("glm5_start_timestamp_seconds", "When the current start began (Unix seconds)", started),
+        gauge(
+            "glm5_start_age_seconds",
+            "Seconds since the current start began",
+            None if started is None else now - started,
+        ),
+        gauge(
+            "glm5_start_ready_seconds",
+            "Seconds from the start to the server's ready line",
+            None if started is None or ready is None else max(0.0, ready - started),
+        ),
+        gauge(
+            "glm5_start_failure_code",
+            "0, or what failed: an exit code or a FAILURE_KINDS code (README: Monitoring)",
+            failure_code(result),
+        ),
+        gauge(
+            "glm5_start_hung",
+            "1 when the start is hung (no log output for the stall bound)",
+            1.0 if result.get("hung") else 0.0,
+        ),
+        gauge(
+            "glm5_start_progress_age_seconds",
+            "Seconds since the server log last grew, while the start is not over",
+            None if over else quiet,
+        ),
+        gauge(
+            "glm5_start_stall_seconds",
+            "GLM5_STALL_SECONDS: no log output for this long while starting is a hang",
+            stall_seconds,
+        ),
+        gauge(
+            "glm5_server_alive",
+            "1 while the current start's server process lives",
+            None if result.get("server_alive") is None else float(bool(result["server_alive"])),
+        ),
+    )
+    yield from (f for f in families if f is not None)
+    warnings = result.get("doctor_warnings") or []
+    count = GaugeMetricFamily(
+        "glm5_doctor_warnings", "Warnings the doctor gave about this box at the last start"
+    )
+    count.add_metric([], float(len(warnings)))
+    yield count
+    each = GaugeMetricFamily(
+        "glm5_doctor_warning", "1 for each doctor check that warned (entrypoint/doctor)", labels=["check"]
+    )
+    for check in sorted({str(w).split(":", 1)[0] for w in warnings}):
+        each.add_metric([check], 1.0)
+    yield each
+
+
+class StartCollector(Collector):
+    """Probes on every scrape; a probe that raises is counted and logged, never a failed scrape."""
+
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        self.environ = environ
+        self.errors = 0
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            run = probe.settings_of_this_run(self.environ)
+            args = probe.parse_args(["--no-http"], run)
+            result = probe.probe(args)
+            yield from metrics(result, args.stall_seconds, time.time())
+        except (OSError, ValueError, KeyError, Problems) as err:
+            self.errors += 1
+            LOG.error(f"probe failed: {err}")
+        errors = CounterMetricFamily(
+            "glm5_exporter_scrape_errors", "Scrapes whose probe failed (see the exporter's log)"
+        )
+        errors.add_metric([], float(self.errors))
+        yield errors
+
+
+def registry(environ: Mapping[str, str]) -> CollectorRegistry:
+    reg = CollectorRegistry()
+    reg.register(StartCollector(environ))
+    return reg
+
+
+def main(argv: list[str] | None = None) -> int:
+    from entrypoint import settings
+
+    try:
+        values = settings.resolve(os.environ)
+    except Problems as err:
+        LOG.problems(err.problems, "invalid setting(s)")
+        return INVALID_SETTING
+    parser = argparse.ArgumentParser(prog="monitoring/exporter", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--host", default=values["host"], help="address to listen on")
+    parser.add_argument(
+        "--port", type=int, default=values["exporter_port"], help="port of /metrics (GLM5_EXPORTER_PORT)"
+    )
+    parser.add_argument("--once", action="store_true", help="print one scrape and exit")
+    args = parser.parse_args(argv)
+    if not 0 < args.port < 65536:
+        parser.error(f"--port {args.port}: use 1-65535")
+    reg = registry(os.environ)
+    if args.once:
+        sys.stdout.write(generate_latest(reg).decode())
+        return 0
+    try:
+        server, thread = start_http_server(args.port, addr=args.host, registry=reg)
+    except OSError as err:
+        LOG.error(f"cannot listen on {args.host}:{args.port}: {err}; fix: free the port or pass --port")
+        return USAGE
+    LOG.info(f"serving the start's metrics on http://{args.host}:{args.port}/metrics")
+    thread.join()
+    server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
