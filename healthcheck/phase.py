@@ -114,7 +114,9 @@ def decide(
         "failure_kind": None,  # what failed, as a key of common.report.FAILURE_KINDS (metrics carry its code)
     }
     if scan.failure:
-        return out | {"phase": "failed", "reason": explain_failure(scan), "failure_kind": scan.failure_event}
+        # An exception whose cause is out of memory is that, whichever line reported it.
+        kind = "oom" if "out of memory" in scan.failure else scan.failure_event
+        return out | {"phase": "failed", "reason": explain_failure(scan), "failure_kind": kind}
     if alive is False:
         return out | {
             "phase": "failed",

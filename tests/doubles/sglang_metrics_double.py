@@ -109,6 +109,9 @@ class Metrics:
         self.e2e = Histogram(
             "sglang:e2e_request_latency_seconds", "e2e", streaming, buckets=E2E_BUCKETS, registry=r
         )
+        self.retracted.labels(**self.sched)  # a child at 0, so a rate of it is 0 rather than no series
+        for mode in ("decode_cuda_graph", "decode_none", "prefill_cuda_graph", "prefill_none"):
+            self.passes.labels(**self.sched, mode=mode)
         self.publish()
 
     def publish(self) -> None:

@@ -1,0 +1,89 @@
+"""The real SGLang Model Gateway (smg, started by gateway/launch with a discovery file) on loopback, for tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from conftest import ROOT
+from helpers.container import free_port
+
+KEY = "gateway-test-key-0123456789"
+LAUNCH = ROOT / "gateway" / "launch"
+
+
+class Gateway:
+    def __init__(self, tmp: Path, workers: dict[str, int]) -> None:
+        self.tmp, self.port, self.metrics = tmp, free_port(), free_port()
+        self.discovery = tmp / "workers.json"
+        self.write(workers)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GLM5_")} | {
+            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+            "GLM5_API_KEY": KEY,
+        }
+        fast = ["--health-check-interval-secs", "1", "--worker-startup-check-interval", "1",
+                "--discovery-check-interval-secs", "1", "--health-failure-threshold", "2"]  # fmt: skip
+        self.output = tmp / "gateway.out"
+        self.proc = subprocess.Popen(
+            [str(LAUNCH), "--discovery-file", str(self.discovery), "--",
+             "--host", "127.0.0.1", "--port", str(self.port), "--prometheus-host", "127.0.0.1",
+             "--prometheus-port", str(self.metrics), "--health-check-port", str(free_port()), *fast],
+            env=env, stdout=self.output.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+
+    def write(self, workers: dict[str, int]) -> None:
+        doc = {
+            "version": 1,
+            "workers": [{"id": k, "url": f"http://127.0.0.1:{p}"} for k, p in workers.items()],
+        }
+        staged = self.discovery.with_suffix(".tmp")
+        staged.write_text(json.dumps(doc))
+        staged.replace(self.discovery)  # atomic, as an operator's editor or `mv` does
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def readiness(self) -> dict[str, Any]:
+        try:
+            with urllib.request.urlopen(self.url + "/readiness", timeout=5) as r:
+                return dict(json.loads(r.read()))
+        except (OSError, ValueError):
+            return {}
+
+    def wait_healthy(self, n: int, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while self.readiness().get("healthy_workers") != n:
+            assert self.proc.poll() is None, self.output.read_text()
+            assert time.monotonic() < deadline, f"{self.readiness()}\n{self.output.read_text()[-3000:]}"
+            time.sleep(0.3)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=30)
+
+
+def chat(url: str, text: str, key: str | None = KEY, **extra: Any) -> tuple[int, dict[str, Any]]:
+    body = {"model": "glm-5", "messages": [{"role": "user", "content": text}], "max_tokens": 16} | extra
+    request = urllib.request.Request(
+        url + "/v1/chat/completions", data=json.dumps(body).encode(), method="POST"
+    )
+    request.add_header("Content-Type", "application/json")
+    if key:
+        request.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as r:
+            return r.status, dict(json.loads(r.read()))
+    except urllib.error.HTTPError as err:
+        return err.code, {"body": err.read().decode(errors="replace")}
+    except (urllib.error.URLError, ConnectionError):
+        return 0, {}  # nothing listening yet
