@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from common.report import EXIT_CODES, FAILED, OK, Log, Problems
+from common.report import EXIT_CODES, FAILED, FAILURE_KINDS, OK, Log, Problems
 from entrypoint import config, settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,6 +46,7 @@ OUTPUTS = {
 DASHBOARD = "monitoring/grafana/dashboards/glm5.json"  # built by monitoring/dashboard.py, no template
 PROMETHEUS_RULE = "k8s/components/monitoring/prometheusrule.yaml"  # the rendered alerts, wrapped
 DASHBOARD_CONFIGMAP = "k8s/components/monitoring/dashboard.yaml"  # the dashboard, for Grafana's sidecar
+GENERATED = (DASHBOARD, PROMETHEUS_RULE, DASHBOARD_CONFIGMAP)  # written from code, not from a template
 ENV_EXAMPLE = "glm5.env.example"  # rendered from the settings' declarations, no template
 HOST_ENV_EXAMPLE = ".env.example"  # the host-side settings, likewise
 README = "README.md"
@@ -206,7 +207,12 @@ def readme_blocks(cfg: Mapping[str, Any]) -> dict[str, Callable[[], str]]:
         rows += [f"| {f['what']} | {f['value']:g} {f['unit']} | {f['measured']} |" for f in load_figures()]
         return "\n".join(rows) + "\n"
 
-    return {"configuration": configuration, "exit-codes": exit_codes, "figures": figures}
+    def failure_codes() -> str:
+        rows = ["| code | kind | what failed |", "|---|---|---|"]
+        rows += [f"| {code} | `{kind}` | {meaning} |" for code, kind, meaning in FAILURE_KINDS]
+        return "\n".join(rows) + "\n"
+
+    return {"configuration": configuration, "exit-codes": exit_codes, "figures": figures, "failure-codes": failure_codes}
 
 
 def load_figures(root: Path = ROOT) -> list[dict[str, Any]]:

@@ -38,7 +38,7 @@ EXIT_CODES: tuple[tuple[str, str, str], ...] = (
 # a failure the entrypoint recorded (failed.json) carries its exit code above; one the healthcheck reads from the
 # log carries its code here. Above 200, so no exit code is ever mistaken for one of these.
 FAILURE_KINDS: tuple[tuple[int, str, str], ...] = (
-    (201, "oom", "out of memory before the ready line (lower GLM5_MEM_FRACTION_STATIC or GLM5_CUDA_GRAPH_MAX_BS_DECODE)"),
+    (201, "oom", "out of memory, whichever line reported it (lower GLM5_MEM_FRACTION_STATIC or GLM5_CUDA_GRAPH_MAX_BS_DECODE)"),
     (202, "traceback", "a traceback before the ready line"),
     (203, "capture_failed", "CUDA graph capture failed"),
     (204, "process_exception", "a server process hit an exception (fatal after the ready line too)"),

@@ -36,6 +36,7 @@ SHELL_SCRIPTS = [
     "entrypoint/on-fatal",
     "healthcheck/healthcheck",
     "image/assert-versions",
+    "monitoring/exporter",
     "patches/apply",
     "patches/verify",
 ]

@@ -30,6 +30,7 @@ from conftest import ROOT
 from entrypoint import settings, state
 from helpers.container import Container, free_port, start
 from helpers.gateway import KEY, Gateway
+from helpers.prometheus import Prometheus
 from monitoring import dashboard, exporter
 
 PROM = ROOT / "monitoring" / "prometheus"
@@ -318,58 +319,6 @@ def test_the_dashboard_is_the_sdks_build_and_grafana_foundation_sdk_reads_it_bac
 # --- a real Prometheus ----------------------------------------------------------------------------------------------
 
 
-class Prometheus:
-    """Debian's prometheus, on loopback, with the shipped scrape config and alerts aimed at local targets."""
-
-    def __init__(self, tmp: Path, targets: dict[str, str]) -> None:
-        config = yaml.safe_load((PROM / "prometheus.yml").read_text())
-        config["global"] |= {"scrape_interval": "1s", "evaluation_interval": "1s"}
-        config["rule_files"] = [str(PROM / "alerts.yml")]
-        for job in config["scrape_configs"]:
-            job.pop("dns_sd_configs", None)
-            job["static_configs"] = [{"targets": [targets[job["job_name"]]]}]
-        (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
-        check = subprocess.run(
-            ["promtool", "check", "config", str(tmp / "prometheus.yml")], capture_output=True, text=True
-        )
-        assert check.returncode == 0, check.stdout + check.stderr
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.output = tmp / "prometheus.out"
-        self.proc = subprocess.Popen(
-            ["prometheus", f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}"],
-            stdout=self.output.open("w"), stderr=subprocess.STDOUT,
-        )  # fmt: skip
-
-    def api(self, path: str, **params: str) -> Any:
-        url = f"{self.url}/api/v1/{path}?{urllib.parse.urlencode(params)}"
-        with urllib.request.urlopen(url, timeout=10) as r:
-            body = json.loads(r.read())
-        assert body["status"] == "success", body
-        return body["data"]
-
-    def query(self, expr: str) -> list[dict[str, Any]]:
-        return list(self.api("query", query=expr)["result"])
-
-    def wait_up(self, jobs: set[str], timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            assert self.proc.poll() is None, self.output.read_text()[-3000:]
-            try:
-                up = {r["metric"]["job"] for r in self.query("up == 1")}
-            except OSError:
-                up = set()
-            if jobs <= up:
-                return
-            assert time.monotonic() < deadline, f"up: {up}, want {jobs}\n{self.output.read_text()[-2000:]}"
-            time.sleep(0.5)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
-
-
 def grafana_to_promql(expr: str, rate_window: str = "10s") -> str:
     return expr.replace("$__rate_interval", rate_window)
 
@@ -588,3 +537,23 @@ def test_the_prometheus_config_scrapes_the_server_the_exporter_and_the_gateway_o
         f"glm5:{cfg['deployment']['exporter_port']}"
     ]
     assert jobs["glm5-gateway"]["dns_sd_configs"][0]["port"] == cfg["gateway"]["metrics_port"]
+
+
+@pytest.mark.parametrize("overlay", ["k8s/overlays/monitoring", "k8s/overlays/gateway-monitoring"])
+def test_the_monitoring_overlays_other_objects_validate_strictly(overlay: str, tmp_path: Path) -> None:
+    rendered = subprocess.run(
+        ["kubectl", "kustomize", str(ROOT / overlay)], capture_output=True, text=True, check=True
+    ).stdout
+    core = [
+        d
+        for d in yaml.safe_load_all(rendered)
+        if d and not d["apiVersion"].startswith("monitoring.coreos.com")
+    ]
+    assert "ConfigMap" in {d["kind"] for d in core}
+    path = tmp_path / "core.yaml"
+    path.write_text(yaml.safe_dump_all(core))
+    validator = Path(sys.executable).parent / "kubernetes-validate"
+    done = subprocess.run(
+        [str(validator), "--strict", "-k", "1.30", str(path)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -121,6 +121,7 @@ def test_supervisord_reads_every_key_in_the_config(tmp_path: Path, monkeypatch: 
         "START_SECONDS": "5",
         "START_RETRIES": "2",
         "DRAIN_SECONDS": "3",
+        "EXPORTER_PORT": "30090",
     }.items():
         monkeypatch.setenv(f"GLM5_{key}", value)
     monkeypatch.setenv("GLM5_LOG_MAX_BYTES", "1000")
