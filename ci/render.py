@@ -212,7 +212,12 @@ def readme_blocks(cfg: Mapping[str, Any]) -> dict[str, Callable[[], str]]:
         rows += [f"| {code} | `{kind}` | {meaning} |" for code, kind, meaning in FAILURE_KINDS]
         return "\n".join(rows) + "\n"
 
-    return {"configuration": configuration, "exit-codes": exit_codes, "figures": figures, "failure-codes": failure_codes}
+    return {
+        "configuration": configuration,
+        "exit-codes": exit_codes,
+        "figures": figures,
+        "failure-codes": failure_codes,
+    }
 
 
 def load_figures(root: Path = ROOT) -> list[dict[str, Any]]:
