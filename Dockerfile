@@ -6,6 +6,7 @@
 # CUDA 13.0 devel: FlashInfer JIT-compiles SM120 kernels with nvcc at run time (sm_120f needs >= 12.9).
 # ci/build-image passes a locally made base instead, since no image registry is reachable there.
 ARG BASE_IMAGE=nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04
+# checkov:skip=CKV_DOCKER_7: the tag is the ARG's default above (a release tag); checkov reads ${BASE_IMAGE} as no tag
 FROM ${BASE_IMAGE}
 
 # Versions: rendered with image/requirements.in from glm5.toml's [image]; the build asserts them.

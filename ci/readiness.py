@@ -21,7 +21,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -130,9 +130,15 @@ class Local(Url):
     label = "local"
 
     def __init__(
-        self, conn: Connection, environ: Mapping[str, str], output: Path, stop_timeout: float = 180
+        self,
+        conn: Connection,
+        environ: Mapping[str, str],
+        output: Path,
+        stop_timeout: float = 180,
+        wrapper: Sequence[str] = (),
     ) -> None:
         super().__init__(conn, environ)
+        self.wrapper = list(wrapper)  # a command the entrypoint runs under (tests: bubblewrap's read-only root)
         # Each boot is this plus its own settings, never an earlier boot's; as in a container, the host-side
         # settings (the ci tools' own, docker compose's) stay outside.
         self.base = settings.container_environment(environ)
@@ -145,7 +151,7 @@ class Local(Url):
         self.log = log_of(self.env)
         with self.output.open("ab") as out:
             self.proc = subprocess.Popen(
-                [str(ROOT / "entrypoint" / "entrypoint.sh")],
+                [*self.wrapper, str(ROOT / "entrypoint" / "entrypoint.sh")],
                 env=self.env,
                 stdout=out,
                 stderr=subprocess.STDOUT,

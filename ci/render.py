@@ -36,6 +36,8 @@ OUTPUTS = {
     "k8s/base/service.yaml": f"{TEMPLATES}/k8s/base/service.yaml",
     "k8s/base/pvc-weights.yaml": f"{TEMPLATES}/k8s/base/pvc-weights.yaml",
     "k8s/base/job-weights.yaml": f"{TEMPLATES}/k8s/base/job-weights.yaml",
+    "k8s/base/namespace.yaml": f"{TEMPLATES}/k8s/base/namespace.yaml",
+    "k8s/base/networkpolicy.yaml": f"{TEMPLATES}/k8s/base/networkpolicy.yaml",
     "k8s/overlays/gateway/gateway.yaml": f"{TEMPLATES}/k8s/overlays/gateway/gateway.yaml",
     "k8s/overlays/gateway/replicas.yaml": f"{TEMPLATES}/k8s/overlays/gateway/replicas.yaml",
     "image/requirements.in": f"{TEMPLATES}/image/requirements.in",
@@ -78,6 +80,7 @@ def values(cfg: Mapping[str, Any]) -> dict[str, Any]:
     v["startup_command_json"] = json.dumps([probe, "--started", "--status"])
     v["compose_readiness_json"] = json.dumps(["CMD", probe, "--status"])
     v["api_key_dir"] = "/run/secrets/glm5"
+    v["home_dir"] = "/home/glm5"  # the image user's HOME (the Dockerfile's useradd)
     for key, value in cfg["monitoring"].items():
         v[f"monitoring_{key}"] = value
     v["monitoring_restart_loop_starts_minus_one"] = v["monitoring_restart_loop_starts"] - 1

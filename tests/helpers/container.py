@@ -98,10 +98,10 @@ def environment(tmp: Path, port: int, mode: str = "ok", **env: str) -> dict[str,
     )
 
 
-def start(tmp: Path, mode: str = "ok", **env: str) -> Container:
+def start(tmp: Path, mode: str = "ok", wrapper: tuple[str, ...] = (), **env: str) -> Container:
     port = free_port()
     full = environment(tmp, port, mode, **env)
     conn = readiness.Connection(f"http://127.0.0.1:{port}", None)
-    target = readiness.Local(conn, full, tmp / "entrypoint.out", stop_timeout=20)
+    target = readiness.Local(conn, full, tmp / "entrypoint.out", stop_timeout=20, wrapper=wrapper)
     target.boot({})
     return Container(target, port, tmp)

@@ -1,0 +1,321 @@
+"""Least privilege: checkov over the Dockerfile and every overlay's Kubernetes objects, the compose services' own
+rules, the pods' security settings and NetworkPolicies, and the entrypoint with the real supervisord and the server
+double under a read-only root (bubblewrap) with only the paths docker-compose.yml makes writable."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import yaml
+
+from conftest import ROOT
+from entrypoint import settings
+from helpers.container import Container, free_port, start
+
+CHECKOV = ROOT / ".venv-checkov" / "bin" / "checkov"
+OVERLAYS = ("k8s/base", "k8s/overlays/gateway", "k8s/overlays/monitoring", "k8s/overlays/gateway-monitoring")
+CONFIG = settings.load_config()
+DEPLOYMENT = CONFIG["deployment"]
+
+
+def kustomized(overlay: str) -> str:
+    return subprocess.run(
+        ["kubectl", "kustomize", str(ROOT / overlay)], capture_output=True, text=True, check=True
+    ).stdout
+
+
+def objects(overlay: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(kustomized(overlay)) if d]
+
+
+def checkov(*args: str) -> dict[str, Any]:
+    done = subprocess.run(
+        [str(CHECKOV), *args, "--skip-download", "--output", "json"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.stdout, done.stderr
+    report = json.loads(done.stdout)
+    reports = report if isinstance(report, list) else [report]
+    return {
+        "failed": [c for r in reports for c in r["results"]["failed_checks"]],
+        "skipped": [c for r in reports for c in r["results"]["skipped_checks"]],
+        "passed": sum(len(r["results"]["passed_checks"]) for r in reports),
+        "rc": done.returncode,
+    }
+
+
+def rendered_folder(tmp: Path, overlays: tuple[str, ...] = OVERLAYS) -> Path:
+    folder = tmp / "k8s"
+    folder.mkdir()
+    for overlay in overlays:
+        (folder / (overlay.replace("/", "-") + ".yaml")).write_text(kustomized(overlay))
+    return folder
+
+
+# --- the scanner ----------------------------------------------------------------------------------------------------
+
+
+def test_checkov_passes_every_overlay_with_reasoned_skips_only(tmp_path: Path) -> None:
+    found = checkov("-d", str(rendered_folder(tmp_path)), "--framework", "kubernetes")
+    assert found["failed"] == [] and found["rc"] == 0, [
+        (c["check_id"], c["resource"]) for c in found["failed"]
+    ]
+    assert found["passed"] > 500
+    for check in found["skipped"]:
+        reason = check["check_result"].get("suppress_comment", "")
+        assert len(reason) > 40, f"{check['check_id']} on {check['resource']}: skipped without a reason"
+    assert {c["check_id"] for c in found["skipped"]} <= {
+        "CKV_K8S_11",
+        "CKV_K8S_15",
+        "CKV_K8S_35",
+        "CKV_K8S_38",
+        "CKV_K8S_40",
+        "CKV_K8S_43",
+    }
+
+
+def test_checkov_passes_the_dockerfile() -> None:
+    found = checkov("-f", str(ROOT / "Dockerfile"), "--framework", "dockerfile")
+    assert found["failed"] == [] and found["rc"] == 0, [c["check_id"] for c in found["failed"]]
+    assert [c["check_id"] for c in found["skipped"]] == ["CKV_DOCKER_7"]
+
+
+def test_checkov_fails_a_copy_without_the_seccomp_profile(tmp_path: Path) -> None:
+    folder = rendered_folder(tmp_path, ("k8s/base",))
+    path = folder / "k8s-base.yaml"
+    docs = list(yaml.safe_load_all(path.read_text()))
+    for d in docs:
+        if d["kind"] == "StatefulSet":
+            del d["spec"]["template"]["spec"]["securityContext"]["seccompProfile"]
+    path.write_text(yaml.safe_dump_all(docs))
+    found = checkov("-d", str(folder), "--framework", "kubernetes")
+    assert found["rc"] != 0
+    assert ("CKV_K8S_31", "StatefulSet.glm5.glm5") in {
+        (c["check_id"], c["resource"]) for c in found["failed"]
+    }
+
+
+# --- the pods --------------------------------------------------------------------------------------------------------
+
+
+def pod_specs(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {
+        f"{d['kind']}/{d['metadata']['name']}": d["spec"]["template"]["spec"]
+        for d in docs
+        if d["kind"] in ("StatefulSet", "Deployment", "Job")
+    }
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_pod_meets_the_restricted_standard_with_read_only_roots_and_memory_limits(overlay: str) -> None:
+    docs = objects(overlay)
+    assert {d["metadata"].get("namespace") for d in docs if d["kind"] != "Namespace"} == {
+        DEPLOYMENT["namespace"]
+    }
+    (ns,) = [d for d in docs if d["kind"] == "Namespace"]
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    for name, spec in pod_specs(docs).items():
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        assert spec["securityContext"]["runAsNonRoot"] is True, name
+        assert spec["automountServiceAccountToken"] is (name == "Deployment/glm5-gateway"), name
+        for c in spec.get("initContainers", []) + spec["containers"]:
+            ctx = c["securityContext"]
+            assert ctx["readOnlyRootFilesystem"] is True and ctx["allowPrivilegeEscalation"] is False, (
+                name,
+                c["name"],
+            )
+            assert ctx["capabilities"] == {"drop": ["ALL"]}, (name, c["name"])
+            assert "memory" in c["resources"]["limits"] and "cpu" not in c["resources"]["limits"], (
+                name,
+                c["name"],
+            )
+
+
+def test_the_server_memory_limit_holds_its_request_and_shared_memory() -> None:
+    def gib(q: str) -> int:
+        assert q.endswith("Gi"), q
+        return int(q[:-2])
+
+    assert gib(DEPLOYMENT["memory_limit"]) >= gib(DEPLOYMENT["memory_request"]) + gib(
+        DEPLOYMENT["shm_size_limit"]
+    )
+
+
+def test_the_kustomizations_name_the_configured_namespace() -> None:
+    for overlay in OVERLAYS:
+        assert (
+            yaml.safe_load((ROOT / overlay / "kustomization.yaml").read_text())["namespace"]
+            == DEPLOYMENT["namespace"]
+        )
+
+
+# --- the network ----------------------------------------------------------------------------------------------------
+
+
+def policies(overlay: str) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d["spec"] for d in objects(overlay) if d["kind"] == "NetworkPolicy"}
+
+
+def allowed_ports(spec: dict[str, Any], source: dict[str, Any]) -> set[str]:
+    """Ports (as named) a policy's ingress rules open to a peer: a pod's labels or a namespace."""
+    ports: set[str] = set()
+    for rule in spec.get("ingress", []):
+        peers = rule.get("from")
+        matched = peers is None or any(
+            ("podSelector" in p and p["podSelector"]["matchLabels"].items() <= source.get("pod", {}).items())
+            or (
+                "namespaceSelector" in p
+                and p["namespaceSelector"]["matchLabels"].items() <= source.get("ns", {}).items()
+            )
+            for p in peers
+        )
+        if matched:
+            ports.update(str(p["port"]) for p in rule.get("ports", []))
+    return ports
+
+
+def test_network_policies_let_in_only_clients_the_gateway_and_prometheus() -> None:
+    p = policies("k8s/overlays/gateway-monitoring")
+    deny = p["glm5-default-deny"]
+    assert deny["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "glm5-serve"}
+    assert deny["policyTypes"] == ["Ingress", "Egress"] and "ingress" not in deny and "egress" not in deny
+    client = {"pod": {DEPLOYMENT["client_label"]: "true"}}
+    gateway = {"pod": {"app.kubernetes.io/name": "glm5-serve", "app.kubernetes.io/component": "gateway"}}
+    prometheus = {"ns": {"kubernetes.io/metadata.name": DEPLOYMENT["monitoring_namespace"]}}
+    stranger = {"pod": {"app": "other"}, "ns": {"kubernetes.io/metadata.name": "default"}}
+    server = p["glm5-server"]
+    assert allowed_ports(server, client) == allowed_ports(server, gateway) == {"http"}
+    assert allowed_ports(server, prometheus) == {"http", "exporter"}
+    assert allowed_ports(server, stranger) == set()
+    gw = p["glm5-gateway"]
+    assert allowed_ports(gw, client) == {"http", "probes"} and allowed_ports(gw, prometheus) == {
+        "metrics",
+        "probes",
+    }
+    assert allowed_ports(gw, stranger) == {"probes"}  # the kubelet's probes
+    # Egress: the server none (only the default deny selects it for Egress), the weights Job DNS and HTTPS.
+    egress_of_server = [
+        n
+        for n, s in p.items()
+        if "Egress" in s["policyTypes"]
+        and s["podSelector"]["matchLabels"].get("app.kubernetes.io/component") == "server"
+    ]
+    assert egress_of_server == []
+    weights = p["glm5-weights"]["egress"]
+    assert sorted(port["port"] for rule in weights for port in rule["ports"]) == [53, 53, 443]
+
+
+def test_the_server_runs_offline() -> None:
+    env = {e["name"]: e.get("value") for e in CONFIG["env"]}
+    assert env["HF_HUB_OFFLINE"] == "1"
+
+
+# --- compose ----------------------------------------------------------------------------------------------------------
+
+
+def services() -> dict[str, dict[str, Any]]:
+    return dict(yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"])
+
+
+@pytest.mark.parametrize("name", ["glm5", "gateway", "prometheus", "grafana"])
+def test_every_compose_service_drops_capabilities_and_runs_read_only(name: str) -> None:
+    s = services()[name]
+    assert (
+        s["read_only"] is True
+        and s["cap_drop"] == ["ALL"]
+        and s["security_opt"] == ["no-new-privileges:true"]
+    )
+    assert "privileged" not in s and "cap_add" not in s
+    for port in s.get("ports", []):
+        assert port.startswith("${GLM5_BIND:-127.0.0.1}:"), port
+
+
+def writable(service: dict[str, Any]) -> list[str]:
+    """The container paths a compose service can write: its tmpfs mounts and its named volumes not mounted :ro."""
+    paths = [t.split(":")[0] for t in service.get("tmpfs", [])]
+    for volume in service.get("volumes", []):
+        source, target, *mode = volume.split(":")
+        if not source.startswith((".", "/", "$")) and mode != ["ro"]:
+            paths.append(target)
+    return paths
+
+
+def test_the_server_service_writes_only_where_the_pod_does() -> None:
+    pod = next(d for d in objects("k8s/base") if d["kind"] == "StatefulSet")["spec"]["template"]["spec"]
+    (server,) = pod["containers"]
+    mounts = {m["mountPath"] for m in server["volumeMounts"] if not m.get("readOnly")}
+    assert set(writable(services()["glm5"])) | {"/dev/shm"} == mounts
+
+
+def bwrap_for(tmp: Path, service: dict[str, Any], root: Path) -> tuple[list[str], dict[str, str]]:
+    """bubblewrap with a read-only root and only the service's writable paths writable, each aimed at a folder of the
+    test through the setting that names it; a path the test cannot aim fails it."""
+    aims = {
+        DEPLOYMENT["state_dir"]: "GLM5_STATE_DIR",
+        DEPLOYMENT["log_dir"]: "GLM5_LOG_DIR",
+        DEPLOYMENT["cache_dir"]: "XDG_CACHE_HOME",
+        "/home/glm5": "HOME",
+    }
+    argv = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+    argv += ["--ro-bind", str(root), str(root), "--die-with-parent"]
+    # Each setting at the container's own path, on the read-only root, unless compose makes that path writable.
+    env: dict[str, str] = {setting: path for path, setting in aims.items()}
+    for path in writable(service):
+        if path == "/tmp":
+            continue  # the tmpfs above
+        assert path in aims, f"{path}: writable in compose; teach this test which setting aims it"
+        folder = tmp / "rw" / path.strip("/").replace("/", "-")
+        folder.mkdir(parents=True)
+        argv += ["--bind", str(folder), str(folder)]
+        env[aims[path]] = str(folder)
+    return argv, env
+
+
+def stop_inside(c: Container) -> int:
+    """SIGTERM to the entrypoint inside the sandbox (bubblewrap passes no signal on), then bubblewrap's exit code."""
+    bwrap = psutil.Process(c.target.proc.pid)  # type: ignore[union-attr]
+    inside = [p for p in bwrap.children(recursive=True) if "entrypoint.sh" in " ".join(p.cmdline())]
+    assert inside, "the entrypoint is not running inside the sandbox"
+    inside[0].send_signal(signal.SIGTERM)
+    return int(c.target.proc.wait(timeout=60))  # type: ignore[union-attr]
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (Debian bubblewrap) is not installed")
+def test_the_entrypoint_serves_under_a_read_only_root_with_only_the_compose_writable_paths(
+    tmp_path: Path, containers: list[Container]
+) -> None:
+    wrapper, env = bwrap_for(tmp_path, services()["glm5"], ROOT)
+    exporter_port = free_port()
+    c = start(tmp_path, wrapper=tuple(wrapper), GLM5_EXPORTER_PORT=str(exporter_port), **env)
+    containers.append(c)
+    c.wait_healthy(timeout=90)
+    with urllib.request.urlopen(f"http://127.0.0.1:{exporter_port}/metrics", timeout=10) as r:
+        assert 'glm5_start_phase{phase="ready"} 1.0' in r.read().decode()
+    written = {p.name for p in (tmp_path / "rw").iterdir() if any(p.iterdir())}
+    assert {"run-glm5", "var-log-glm5"} <= written
+    assert stop_inside(c) == 0
+    assert "Read-only file system" not in c.entrypoint_output.read_text()
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (Debian bubblewrap) is not installed")
+def test_the_read_only_root_is_enforced_a_log_folder_outside_the_writable_paths_stops_the_start(
+    tmp_path: Path, containers: list[Container]
+) -> None:
+    wrapper, env = bwrap_for(tmp_path, services()["glm5"], ROOT)
+    blocked = (
+        ROOT / "not-writable-log"
+    )  # on the read-only root; the tests run as root, who could create it outside
+    c = start(tmp_path, wrapper=tuple(wrapper), **(env | {"GLM5_LOG_DIR": str(blocked)}))
+    containers.append(c)
+    assert c.target.proc.wait(timeout=60) == 3  # type: ignore[union-attr]
+    assert f"GLM5_LOG_DIR={blocked}: cannot create it or write to it" in c.entrypoint_output.read_text()
+    assert not blocked.exists()
