@@ -108,7 +108,14 @@ def test_kubernetes_manifests_validate_strictly(tmp_path: Path) -> None:
     built = tmp_path / "k8s.yaml"
     built.write_text(kustomized())
     kinds = [d["kind"] for d in yaml.safe_load_all(built.read_text())]
-    assert sorted(kinds) == ["Job", "PersistentVolumeClaim", "Service", "StatefulSet"]
+    assert sorted(kinds) == [
+        "Job",
+        "Namespace",
+        *["NetworkPolicy"] * 3,
+        "PersistentVolumeClaim",
+        "Service",
+        "StatefulSet",
+    ]
     done = run(tool("kubernetes-validate"), "--strict", "-k", "1.30", str(built))
     assert done.returncode == 0, done.stdout + done.stderr
 
@@ -116,7 +123,8 @@ def test_kubernetes_manifests_validate_strictly(tmp_path: Path) -> None:
 def test_kubernetes_image_is_one_setting_and_defaults_to_the_built_one(tmp_path: Path) -> None:
     objects = list(yaml.safe_load_all(kustomized()))
     specs = [
-        o["spec"]["template"]["spec"] if o["kind"] in ("Job", "StatefulSet") else o["spec"] for o in objects
+        o["spec"]["template"]["spec"] if o["kind"] in ("Job", "StatefulSet") else o.get("spec", {})
+        for o in objects
     ]
     images = {
         c["image"] for s in specs if "containers" in s for c in s["containers"] + s.get("initContainers", [])

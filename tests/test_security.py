@@ -8,6 +8,7 @@ import json
 import shutil
 import signal
 import subprocess
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -319,3 +320,62 @@ def test_the_read_only_root_is_enforced_a_log_folder_outside_the_writable_paths_
     assert c.target.proc.wait(timeout=60) == 3  # type: ignore[union-attr]
     assert f"GLM5_LOG_DIR={blocked}: cannot create it or write to it" in c.entrypoint_output.read_text()
     assert not blocked.exists()
+
+
+def sandbox(*binds: tuple[str, Path]) -> tuple[str, ...]:
+    """bubblewrap: a read-only root, an empty /tmp, the checkout read-only, then each (mode, path): ro or rw."""
+    argv = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+    argv += ["--ro-bind", str(ROOT), str(ROOT), "--die-with-parent"]
+    for mode, path in binds:
+        argv += ["--ro-bind" if mode == "ro" else "--bind", str(path), str(path)]
+    return tuple(argv)
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (Debian bubblewrap) is not installed")
+def test_the_gateway_runs_under_a_read_only_root_with_only_tmp_writable(tmp_path: Path) -> None:
+    assert writable(services()["gateway"]) == ["/tmp"]
+    from helpers.gateway import Gateway
+
+    gw = Gateway(
+        tmp_path, {}, wrapper=sandbox(("ro", tmp_path))
+    )  # the discovery file, as compose mounts it :ro
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert gw.proc.poll() is None, gw.output.read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{gw.metrics}/metrics", timeout=5) as r:
+                    assert b"smg_" in r.read()
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, gw.output.read_text()[-3000:]
+                time.sleep(0.5)
+    finally:
+        gw.stop()
+    assert "Read-only file system" not in gw.output.read_text()
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (Debian bubblewrap) is not installed")
+def test_prometheus_runs_under_a_read_only_root_with_only_its_data_volume_writable(tmp_path: Path) -> None:
+    """Debian's prometheus (the profile runs the official image: the same program, another build)."""
+    assert writable(services()["prometheus"]) == ["/prometheus"]
+    from helpers.prometheus import Prometheus
+
+    (tmp_path / "data").mkdir()
+    prom = Prometheus(
+        tmp_path,
+        {"glm5": "127.0.0.1:1", "glm5-exporter": "127.0.0.1:1", "glm5-gateway": "127.0.0.1:1"},
+        wrapper=sandbox(("ro", tmp_path / "prometheus.yml"), ("rw", tmp_path / "data")),
+    )
+    try:
+        prom.wait_ready()
+        assert {g["name"] for g in prom.api("rules")["groups"]} == {
+            "glm5-start",
+            "glm5-serving",
+            "glm5-gateway",
+        }
+        assert any(
+            (tmp_path / "data").iterdir()
+        )  # it writes its database where the volume is, and nowhere else
+    finally:
+        prom.stop()

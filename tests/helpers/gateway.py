@@ -21,7 +21,7 @@ LAUNCH = ROOT / "gateway" / "launch"
 
 
 class Gateway:
-    def __init__(self, tmp: Path, workers: dict[str, int]) -> None:
+    def __init__(self, tmp: Path, workers: dict[str, int], wrapper: tuple[str, ...] = ()) -> None:
         self.tmp, self.port, self.metrics = tmp, free_port(), free_port()
         self.discovery = tmp / "workers.json"
         self.write(workers)
@@ -33,7 +33,7 @@ class Gateway:
                 "--discovery-check-interval-secs", "1", "--health-failure-threshold", "2"]  # fmt: skip
         self.output = tmp / "gateway.out"
         self.proc = subprocess.Popen(
-            [str(LAUNCH), "--discovery-file", str(self.discovery), "--",
+            [*wrapper, str(LAUNCH), "--discovery-file", str(self.discovery), "--",
              "--host", "127.0.0.1", "--port", str(self.port), "--prometheus-host", "127.0.0.1",
              "--prometheus-port", str(self.metrics), "--health-check-port", str(free_port()), *fast],
             env=env, stdout=self.output.open("w"), stderr=subprocess.STDOUT, start_new_session=True,

@@ -21,7 +21,7 @@ PROM = ROOT / "monitoring" / "prometheus"
 class Prometheus:
     """Debian's prometheus, on loopback, with the shipped scrape config and alerts aimed at local targets."""
 
-    def __init__(self, tmp: Path, targets: dict[str, str]) -> None:
+    def __init__(self, tmp: Path, targets: dict[str, str], wrapper: tuple[str, ...] = ()) -> None:
         config = yaml.safe_load((PROM / "prometheus.yml").read_text())
         config["global"] |= {"scrape_interval": "1s", "evaluation_interval": "1s"}
         config["rule_files"] = [str(PROM / "alerts.yml")]
@@ -37,7 +37,7 @@ class Prometheus:
         self.url = f"http://127.0.0.1:{self.port}"
         self.output = tmp / "prometheus.out"
         self.proc = subprocess.Popen(
-            ["prometheus", f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
+            [*wrapper, "prometheus", f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
              f"--web.listen-address=127.0.0.1:{self.port}"],
             stdout=self.output.open("w"), stderr=subprocess.STDOUT,
         )  # fmt: skip
@@ -51,6 +51,19 @@ class Prometheus:
 
     def query(self, expr: str) -> list[dict[str, Any]]:
         return list(self.api("query", query=expr)["result"])
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            assert self.proc.poll() is None, self.output.read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=5) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, self.output.read_text()[-3000:]
+            time.sleep(0.5)
 
     def wait_up(self, jobs: set[str], timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
