@@ -96,7 +96,10 @@ def write_capture(state_dir: str | Path, facts: dict[str, Any]) -> None:
     file, text = path(state_dir, CAPTURE), json.dumps(facts)
     try:
         if not file.exists() or file.read_text() != text:
-            file.write_text(text)
+            # Whole or not at all: the probes and the exporter write it concurrently.
+            staged = file.with_name(f".{CAPTURE}.{os.getpid()}")
+            staged.write_text(text)
+            staged.replace(file)
     except OSError:
         pass  # a read-only or missing state dir costs the tail-window memory, not the probe
 

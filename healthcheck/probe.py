@@ -174,6 +174,7 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
             "reason": f"{recorded.get('reason')} (exit code {recorded.get('code')}; the container waits: fix it, then restart it)",
             "failed_code": recorded.get("code"),
             "failure_kind": "recorded",
+            "hung": False,  # a recorded failure waits for a fix: not the hang of an old log a restart would clear
         }
     if current is not None and current.get("doctor_warnings"):
         result["doctor_warnings"] = [f"{w['name']}: {w['detail']}" for w in current["doctor_warnings"]]

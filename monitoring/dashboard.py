@@ -14,9 +14,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from grafana_foundation_sdk.builders import common as common_builders
 from grafana_foundation_sdk.builders import dashboard, stat, timeseries
 from grafana_foundation_sdk.builders import prometheus as prom
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models.common import BigValueTextMode
 from grafana_foundation_sdk.models.dashboard import DataSourceRef, GridPos
 
 UID = "glm5-serve"
@@ -29,7 +31,7 @@ class Panel:
     title: str
     unit: str
     queries: tuple[tuple[str, str], ...]  # (PromQL, legend)
-    kind: str = "timeseries"  # or "stat"
+    kind: str = "timeseries"  # or "stat": the current value, by its legend (an instant query)
     width: int = 8
     description: str = ""
 
@@ -140,7 +142,19 @@ def build() -> dashboard.Dashboard:
         for spec in panels:
             if x + spec.width > 24:
                 x, y = 0, y + 8
-            builder = stat.Panel() if spec.kind == "stat" else timeseries.Panel()
+            if spec.kind == "stat":
+                # Now, not over the time range: a phase that ended an hour ago is not shown as current.
+                builder = (
+                    stat.Panel()
+                    .text_mode(
+                        BigValueTextMode.NAME
+                        if spec.unit == "none" and len(spec.queries) == 1
+                        else BigValueTextMode.VALUE_AND_NAME
+                    )
+                    .reduce_options(common_builders.ReduceDataOptions().calcs(["lastNotNull"]))
+                )
+            else:
+                builder = timeseries.Panel()
             builder = (
                 builder.id(panel_id)
                 .title(spec.title)
@@ -150,7 +164,8 @@ def build() -> dashboard.Dashboard:
                 .grid_pos(GridPos(h=8, w=spec.width, x=x, y=y))
             )
             for ref, (expr, legend) in zip("ABCDEFGH", spec.queries, strict=False):
-                builder = builder.with_target(prom.Dataquery().expr(expr).legend_format(legend).ref_id(ref))
+                query = prom.Dataquery().expr(expr).legend_format(legend).ref_id(ref)
+                builder = builder.with_target(query.instant() if spec.kind == "stat" else query)
             board = board.with_panel(builder)
             panel_id, x = panel_id + 1, x + spec.width
         y += 8

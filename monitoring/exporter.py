@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry, generate_latest, start_http_ser
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from common.report import FAILURE_CODE, INVALID_SETTING, USAGE, Log, Problems
+from common.report import FAILED, FAILURE_CODE, INVALID_SETTING, USAGE, Log, Problems
 from healthcheck import probe
 
 LOG = Log("monitoring/exporter")
@@ -81,6 +81,8 @@ def failure_code(result: Mapping[str, Any]) -> int:
         return 0
     if result.get("failed_code") is not None:
         return int(result["failed_code"])
+    if result.get("failure_kind") == "recorded":  # failed.json without a code: a failure all the same
+        return FAILED
     return FAILURE_CODE.get(str(result.get("failure_kind")), FAILURE_CODE["traceback"])
 
 
@@ -182,7 +184,14 @@ class StartCollector(Collector):
             args = probe.parse_args(["--no-http"], run)
             result = probe.probe(args)
             yield from metrics(result, args.stall_seconds, time.time())
-        except (OSError, ValueError, KeyError, Problems) as err:
+        except (
+            OSError,
+            ValueError,
+            KeyError,
+            TypeError,
+            Problems,
+            SystemExit,
+        ) as err:  # SystemExit: argparse
             self.errors += 1
             LOG.error(f"probe failed: {err}")
         errors = CounterMetricFamily(
