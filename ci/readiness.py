@@ -138,9 +138,8 @@ class Local(Url):
         wrapper: Sequence[str] = (),
     ) -> None:
         super().__init__(conn, environ)
-        self.wrapper = list(
-            wrapper
-        )  # a command the entrypoint runs under (tests: bubblewrap's read-only root)
+        # A command the entrypoint runs under (tests: bubblewrap's read-only root).
+        self.wrapper = list(wrapper)
         # Each boot is this plus its own settings, never an earlier boot's; as in a container, the host-side
         # settings (the ci tools' own, docker compose's) stay outside.
         self.base = settings.container_environment(environ)

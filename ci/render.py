@@ -250,8 +250,15 @@ def render(root: Path) -> dict[str, str]:
     out = {}
     for output, template in OUTPUTS.items():
         out[output] = with_header(output, template, fill((root / template).read_text(), found, template))
-    from monitoring import dashboard
+    try:
+        import yaml  # noqa: F401  (the Kubernetes wrappers below)
 
+        from monitoring import dashboard
+    except ImportError as err:
+        raise RenderError(
+            f"{err.name} is not installed: the dashboard and the PrometheusRule need it; run ci/setup-test-env tests "
+            "(ci/render then uses .venv)"
+        ) from err
     out[DASHBOARD] = dashboard.json_text()
     out[PROMETHEUS_RULE] = prometheus_rule(out["monitoring/prometheus/alerts.yml"])
     out[DASHBOARD_CONFIGMAP] = dashboard_configmap(out[DASHBOARD])

@@ -98,9 +98,8 @@ class Scan:
         self.decode_frame: tuple[int, int] | None = None
         self.failure: str | None = None
         self.failure_event: str | None = None  # the EVENTS name that set `failure`
-        self.ready_at: str | None = (
-            None  # the ready line's own stamp (the server's local time), if it has one
-        )
+        # The ready line's own stamp (the server's local time), if it has one.
+        self.ready_at: str | None = None
         self.bytes_read = bytes_read
         for key, value in facts.items():
             if not hasattr(self, key):

@@ -17,34 +17,17 @@ import signal
 import sys
 import tempfile
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parent.parent)]
 
 from helpers.container import free_port, start  # noqa: E402
-from helpers.gateway import KEY, Gateway  # noqa: E402
+from helpers.gateway import KEY, Gateway, chat  # noqa: E402
 from helpers.prometheus import Prometheus  # noqa: E402
 from monitoring import dashboard  # noqa: E402
 
 RATE_WINDOW = "10s"
-
-
-def request(url: str, i: int) -> None:
-    body = {
-        "model": "glm-5",
-        "messages": [{"role": "user", "content": f"What is 2+{i}?"}],
-        "stream": bool(i % 2),
-    }
-    req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(), method="POST")
-    req.add_header("Content-Type", "application/json")
-    req.add_header("Authorization", f"Bearer {KEY}")
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            r.read()
-    except OSError:
-        pass
 
 
 def drive(url: str, seconds: float) -> None:
@@ -54,7 +37,7 @@ def drive(url: str, seconds: float) -> None:
         end = time.monotonic() + seconds / len(steps)
         with ThreadPoolExecutor(streams) as pool:
             while time.monotonic() < end:
-                list(pool.map(lambda i: request(url, i), range(streams)))
+                list(pool.map(lambda i: chat(url, f"What is 2+{i}?", stream=bool(i % 2)), range(streams)))
 
 
 def legend(fmt: str, labels: dict[str, str]) -> str:

@@ -16,6 +16,7 @@ import yaml
 
 from conftest import ROOT
 from entrypoint import settings
+from helpers import k8s
 
 BIN = Path(sys.executable).parent
 SHELL_SCRIPTS = [
@@ -98,9 +99,7 @@ def test_compose_validator_can_fail(tmp_path: Path) -> None:
 
 
 def kustomized(folder: Path = ROOT / "k8s" / "base") -> str:
-    done = run("kubectl", "kustomize", str(folder))
-    assert done.returncode == 0, done.stderr
-    return done.stdout
+    return k8s.kustomized(folder)
 
 
 def test_kubernetes_manifests_validate_strictly(tmp_path: Path) -> None:

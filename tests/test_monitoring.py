@@ -13,8 +13,6 @@ import shutil
 import subprocess
 import sys
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from importlib import util
 from pathlib import Path
@@ -28,8 +26,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from common.report import EXIT_CODES, FAILURE_KINDS
 from conftest import ROOT
 from entrypoint import settings, state
+from helpers import k8s
 from helpers.container import Container, free_port, start
-from helpers.gateway import KEY, Gateway
+from helpers.gateway import KEY, Gateway, chat
 from helpers.prometheus import Prometheus
 from monitoring import dashboard, exporter
 
@@ -385,25 +384,11 @@ def load(gw: Gateway, seconds: float, streams: int = 4) -> None:
     the double (no batch above its captured graph sizes, the KV cache half used)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    def one(i: int) -> int:
-        body = {
-            "model": "glm-5",
-            "messages": [{"role": "user", "content": f"What is 2+{i}?"}],
-            "stream": bool(i % 2),
-        }
-        request = urllib.request.Request(
-            gw.url + "/v1/chat/completions", data=json.dumps(body).encode(), method="POST"
-        )
-        request.add_header("Content-Type", "application/json")
-        request.add_header("Authorization", f"Bearer {KEY}")
-        with urllib.request.urlopen(request, timeout=60) as r:
-            r.read()
-            return int(r.status)
-
     deadline = time.monotonic() + seconds
     with ThreadPoolExecutor(streams) as pool:
         while time.monotonic() < deadline:
-            assert set(pool.map(one, range(streams))) == {200}
+            codes = pool.map(lambda i: chat(gw.url, f"What is 2+{i}?", stream=bool(i % 2))[0], range(streams))
+            assert set(codes) == {200}
 
 
 def test_real_prometheus_scrapes_the_stack_and_every_dashboard_query_returns_series(
@@ -454,14 +439,7 @@ def test_real_prometheus_puts_replica_down_pending_when_the_replica_dies(
 
 
 def monitoring_objects(overlay: str) -> list[dict[str, Any]]:
-    done = subprocess.run(
-        ["kubectl", "kustomize", str(ROOT / overlay)], capture_output=True, text=True, check=True
-    )
-    return [
-        d
-        for d in yaml.safe_load_all(done.stdout)
-        if d and d["apiVersion"].startswith("monitoring.coreos.com")
-    ]
+    return [d for d in k8s.objects(ROOT / overlay) if d["apiVersion"].startswith("monitoring.coreos.com")]
 
 
 def crd_check(objects: list[dict[str, Any]], tmp: Path) -> subprocess.CompletedProcess[str]:
@@ -493,13 +471,7 @@ def test_the_crd_check_refuses_a_broken_object(tmp_path: Path) -> None:
 
 
 def test_the_pod_monitors_name_ports_the_pods_declare_and_the_rule_is_the_alerts_file() -> None:
-    rendered = subprocess.run(
-        ["kubectl", "kustomize", str(ROOT / "k8s/overlays/gateway-monitoring")],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    docs = [d for d in yaml.safe_load_all(rendered) if d]
+    docs = k8s.objects(ROOT / "k8s/overlays/gateway-monitoring")
     ports: dict[str, set[str]] = {}
     for d in docs:
         if d["kind"] in ("StatefulSet", "Deployment"):
@@ -573,14 +545,7 @@ def test_the_prometheus_config_scrapes_the_server_the_exporter_and_the_gateway_o
 
 @pytest.mark.parametrize("overlay", ["k8s/overlays/monitoring", "k8s/overlays/gateway-monitoring"])
 def test_the_monitoring_overlays_other_objects_validate_strictly(overlay: str, tmp_path: Path) -> None:
-    rendered = subprocess.run(
-        ["kubectl", "kustomize", str(ROOT / overlay)], capture_output=True, text=True, check=True
-    ).stdout
-    core = [
-        d
-        for d in yaml.safe_load_all(rendered)
-        if d and not d["apiVersion"].startswith("monitoring.coreos.com")
-    ]
+    core = [d for d in k8s.objects(ROOT / overlay) if not d["apiVersion"].startswith("monitoring.coreos.com")]
     assert "ConfigMap" in {d["kind"] for d in core}
     path = tmp_path / "core.yaml"
     path.write_text(yaml.safe_dump_all(core))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -228,3 +229,14 @@ def test_rendered_compose_and_pod_still_validate(tmp_path: Path) -> None:
             [str(bin_dir / argv[0]), *argv[1:]], capture_output=True, text=True, check=False, cwd=root
         )
         assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_python_without_the_test_packages_gets_the_fix_not_a_traceback() -> None:
+    """ci/render runs with .venv when there is one; run another way (no site-packages at all), it names the fix."""
+    python = Path(sys.base_prefix) / "bin" / "python3"
+    done = subprocess.run(
+        [str(python), "-S", "-m", "ci.render", "--check"],
+        capture_output=True, text=True, check=False, timeout=120, cwd=ROOT, env={"PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "is not installed" in done.stderr and "run ci/setup-test-env tests" in done.stderr

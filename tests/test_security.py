@@ -19,6 +19,7 @@ import yaml
 
 from conftest import ROOT
 from entrypoint import settings
+from helpers import k8s
 from helpers.container import Container, free_port, start
 
 CHECKOV = ROOT / ".venv-checkov" / "bin" / "checkov"
@@ -45,13 +46,11 @@ DEPLOYMENT = CONFIG["deployment"]
 
 
 def kustomized(overlay: str) -> str:
-    return subprocess.run(
-        ["kubectl", "kustomize", str(ROOT / overlay)], capture_output=True, text=True, check=True
-    ).stdout
+    return k8s.kustomized(ROOT / overlay)
 
 
 def objects(overlay: str) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all(kustomized(overlay)) if d]
+    return k8s.objects(ROOT / overlay)
 
 
 def checkov(*args: str) -> dict[str, Any]:
@@ -275,6 +274,15 @@ def test_the_server_service_writes_only_where_the_pod_does() -> None:
     assert set(writable(services()["glm5"])) | {"/dev/shm"} == mounts
 
 
+def sandbox(root: Path, *binds: tuple[str, Path]) -> tuple[str, ...]:
+    """bubblewrap: a read-only root, an empty /tmp, the checkout read-only, then each (mode, path): ro or rw."""
+    argv = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+    argv += ["--ro-bind", str(root), str(root), "--die-with-parent"]
+    for mode, path in binds:
+        argv += ["--ro-bind" if mode == "ro" else "--bind", str(path), str(path)]
+    return tuple(argv)
+
+
 def bwrap_for(tmp: Path, service: dict[str, Any], root: Path) -> tuple[list[str], dict[str, str]]:
     """bubblewrap with a read-only root and only the service's writable paths writable, each aimed at a folder of the
     test through the setting that names it; a path the test cannot aim fails it."""
@@ -284,8 +292,7 @@ def bwrap_for(tmp: Path, service: dict[str, Any], root: Path) -> tuple[list[str]
         DEPLOYMENT["cache_dir"]: "XDG_CACHE_HOME",
         "/home/glm5": "HOME",
     }
-    argv = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
-    argv += ["--ro-bind", str(root), str(root), "--die-with-parent"]
+    binds: list[tuple[str, Path]] = []
     # Each setting at the container's own path, on the read-only root, unless compose makes that path writable.
     env: dict[str, str] = {setting: path for path, setting in aims.items()}
     for path in writable(service):
@@ -294,9 +301,9 @@ def bwrap_for(tmp: Path, service: dict[str, Any], root: Path) -> tuple[list[str]
         assert path in aims, f"{path}: writable in compose; teach this test which setting aims it"
         folder = tmp / "rw" / path.strip("/").replace("/", "-")
         folder.mkdir(parents=True)
-        argv += ["--bind", str(folder), str(folder)]
+        binds.append(("rw", folder))
         env[aims[path]] = str(folder)
-    return argv, env
+    return list(sandbox(root, *binds)), env
 
 
 def stop_inside(c: Container) -> int:
@@ -340,22 +347,13 @@ def test_the_read_only_root_is_enforced_a_log_folder_outside_the_writable_paths_
     assert not blocked.exists()
 
 
-def sandbox(*binds: tuple[str, Path]) -> tuple[str, ...]:
-    """bubblewrap: a read-only root, an empty /tmp, the checkout read-only, then each (mode, path): ro or rw."""
-    argv = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
-    argv += ["--ro-bind", str(ROOT), str(ROOT), "--die-with-parent"]
-    for mode, path in binds:
-        argv += ["--ro-bind" if mode == "ro" else "--bind", str(path), str(path)]
-    return tuple(argv)
-
-
 @NEEDS_BWRAP
 def test_the_gateway_runs_under_a_read_only_root_with_only_tmp_writable(tmp_path: Path) -> None:
     assert writable(services()["gateway"]) == ["/tmp"]
     from helpers.gateway import Gateway
 
     gw = Gateway(
-        tmp_path, {}, wrapper=sandbox(("ro", tmp_path))
+        tmp_path, {}, wrapper=sandbox(ROOT, ("ro", tmp_path))
     )  # the discovery file, as compose mounts it :ro
     try:
         deadline = time.monotonic() + 60
@@ -383,7 +381,7 @@ def test_prometheus_runs_under_a_read_only_root_with_only_its_data_volume_writab
     prom = Prometheus(
         tmp_path,
         {"glm5": "127.0.0.1:1", "glm5-exporter": "127.0.0.1:1", "glm5-gateway": "127.0.0.1:1"},
-        wrapper=sandbox(("ro", tmp_path / "prometheus.yml"), ("rw", tmp_path / "data")),
+        wrapper=sandbox(ROOT, ("ro", tmp_path / "prometheus.yml"), ("rw", tmp_path / "data")),
     )
     try:
         prom.wait_ready()

@@ -82,7 +82,11 @@ def chat(url: str, text: str, key: str | None = KEY, **extra: Any) -> tuple[int,
         request.add_header("Authorization", f"Bearer {key}")
     try:
         with urllib.request.urlopen(request, timeout=60) as r:
-            return r.status, dict(json.loads(r.read()))
+            raw = r.read()
+            # A streamed answer is server-sent events, not one JSON document: its text.
+            return r.status, {"body": raw.decode(errors="replace")} if body.get("stream") else dict(
+                json.loads(raw)
+            )
     except urllib.error.HTTPError as err:
         return err.code, {"body": err.read().decode(errors="replace")}
     except (urllib.error.URLError, ConnectionError):
