@@ -42,6 +42,7 @@ def sealed_env(env: dict[str, str], arch_list: str, workspace: str) -> dict[str,
             "FLASHINFER_DISABLE_JIT": "1",
             "FLASHINFER_CUDA_ARCH_LIST": arch_list,  # what the generators read without a GPU; the names do not depend on it
             "FLASHINFER_WORKSPACE_BASE": workspace,  # an empty JIT cache: nothing can come from there
+        "TORCHINDUCTOR_CACHE_DIR": f"{workspace}/inductor",  # torch makes it at import; gone with the workspace
             SEALED: "1",
         }
     )
@@ -54,6 +55,14 @@ def needed_libraries(path: Path) -> list[str] | None:
         return None
     out = subprocess.run(["readelf", "-d", str(path)], capture_output=True, text=True, check=True).stdout
     return re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", out)
+
+
+def driver_link_problem(needed: list[str]) -> str | None:
+    """A module must ask for the driver by its soname, libcuda.so.1: 'libcuda.so' is a development link that the
+    driver does not install, so such a module would not load on the GPU host (a stub without the soname linked it)."""
+    if "libcuda.so" in needed:
+        return "links 'libcuda.so', which the driver does not install (a stub without the soname libcuda.so.1 was linked)"
+    return None
 
 
 def load_result(spec: Any, path: Path) -> str:
@@ -113,11 +122,9 @@ def check(kernel_list: KernelList) -> dict[str, Any]:
             entry["load"] = load_result(spec, path)
             if not entry["load"].startswith(("loaded", "needs the GPU driver")):
                 problems.append(f"{module.name}: the runtime cannot load {path}: {entry['load']}")
-            if needed is not None and "libcuda.so" in needed:
-                problems.append(
-                    f"{module.name}: links 'libcuda.so', which the driver does not install (a stub "
-                    f"without the soname libcuda.so.1 was linked)"
-                )
+            wrong = driver_link_problem(needed or [])
+            if wrong:
+                problems.append(f"{module.name}: {wrong}")
         else:
             if module.name in built:
                 problems.append(

@@ -40,6 +40,9 @@ SHELL_SCRIPTS = [
     "monitoring/exporter",
     "patches/apply",
     "patches/verify",
+    "kernels/build",
+    "kernels/verify",
+    "ci/cuda-toolkit",
 ]
 
 
