@@ -288,7 +288,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.pop("FLASHINFER_DISABLE_JIT", None)
     with tempfile.TemporaryDirectory(prefix="glm5-kernels-") as workspace:
         os.environ["FLASHINFER_WORKSPACE_BASE"] = workspace
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{workspace}/inductor"  # torch, which FlashInfer imports, makes it
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = (
+            f"{workspace}/inductor"  # torch, which FlashInfer imports, makes it
+        )
         return build(args, kernel_list, selected)
 
 

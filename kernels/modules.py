@@ -33,6 +33,7 @@ class Module:
     args: dict[str, Any]
     sources: int
     why: str
+    when: str
     cite: tuple[Cite, ...]
     figures: dict[str, Any] = field(default_factory=dict)
 
@@ -43,10 +44,21 @@ class Module:
 
 
 @dataclass(frozen=True)
+class Note:
+    """What the list leaves out, and why: a module not requested, or a kernel only a first start can compile."""
+
+    name: str
+    why: str
+    cite: tuple[Cite, ...]
+
+
+@dataclass(frozen=True)
 class KernelList:
     arch_list: str
     ci: tuple[str, ...]
     modules: tuple[Module, ...]
+    not_requested: tuple[Note, ...] = ()
+    first_start: tuple[Note, ...] = ()
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -71,7 +83,11 @@ class KernelList:
         return tuple(m for m in self.modules if m.name in wanted)
 
 
-_FIGURES = ("build_seconds", "job_memory_mib", "so_mib", "measured")
+_FIGURES = ("build_seconds", "build_seconds_32", "job_memory_mib", "so_mib", "measured")
+
+
+def _cites(entry: dict[str, Any]) -> tuple[Cite, ...]:
+    return tuple(Cite(c["file"], int(c["line"]), c["text"]) for c in entry["cite"])
 
 
 def load(path: Path = LIST) -> KernelList:
@@ -83,7 +99,8 @@ def load(path: Path = LIST) -> KernelList:
             args=dict(m.get("args", {})),
             sources=int(m["sources"]),
             why=m["why"],
-            cite=tuple(Cite(c["file"], int(c["line"]), c["text"]) for c in m["cite"]),
+            when=m["when"],
+            cite=_cites(m),
             figures={k: m[k] for k in _FIGURES if k in m},
         )
         for m in data["module"]
@@ -91,7 +108,13 @@ def load(path: Path = LIST) -> KernelList:
     names = [m.name for m in modules]
     if len(set(names)) != len(names):
         raise ValueError(f"{path}: a module is listed twice: {names}")
-    kernel_list = KernelList(arch_list=data["arch_list"], ci=tuple(data["ci"]), modules=modules)
+    kernel_list = KernelList(
+        arch_list=data["arch_list"],
+        ci=tuple(data["ci"]),
+        modules=modules,
+        not_requested=tuple(Note(n["name"], n["why"], _cites(n)) for n in data.get("not_requested", [])),
+        first_start=tuple(Note(n["name"], n["why"], _cites(n)) for n in data.get("first_start", [])),
+    )
     kernel_list.select(",".join(kernel_list.ci))  # the ci selection names listed modules
     return kernel_list
 

@@ -42,7 +42,7 @@ def sealed_env(env: dict[str, str], arch_list: str, workspace: str) -> dict[str,
             "FLASHINFER_DISABLE_JIT": "1",
             "FLASHINFER_CUDA_ARCH_LIST": arch_list,  # what the generators read without a GPU; the names do not depend on it
             "FLASHINFER_WORKSPACE_BASE": workspace,  # an empty JIT cache: nothing can come from there
-        "TORCHINDUCTOR_CACHE_DIR": f"{workspace}/inductor",  # torch makes it at import; gone with the workspace
+            "TORCHINDUCTOR_CACHE_DIR": f"{workspace}/inductor",  # torch makes it at import; gone with the workspace
             SEALED: "1",
         }
     )
