@@ -25,6 +25,7 @@ from typing import Any
 
 from common.report import EXIT_CODES, FAILED, FAILURE_KINDS, OK, Log, Problems
 from entrypoint import config, settings
+from kernels import modules as kernel_modules
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = "ci/templates"
@@ -218,7 +219,30 @@ def readme_blocks(cfg: Mapping[str, Any]) -> dict[str, Callable[[], str]]:
         rows += [f"| {code} | `{kind}` | {meaning} |" for code, kind, meaning in FAILURE_KINDS]
         return "\n".join(rows) + "\n"
 
+    def kernels() -> str:
+        def figure(module: kernel_modules.Module, key: str, unit: str) -> str:
+            value = module.figures.get(key)
+            return f"{value:g} {unit}" if isinstance(value, int | float) else "not measured"
+
+        kernel_list = kernel_modules.load()
+        rows = [
+            "| module | sources | a start without it compiles it at | 2 cores | 32 cores | memory per job | size |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        rows += [
+            f"| `{m.name}`{' (CI)' if m.name in kernel_list.ci else ''} | {m.sources} | {m.when} | "
+            f"{figure(m, 'build_seconds', 's')} | {figure(m, 'build_seconds_32', 's')} | "
+            f"{figure(m, 'job_memory_mib', 'MiB')} | {figure(m, 'so_mib', 'MiB')} |"
+            for m in kernel_list.modules
+        ]
+        rows += ["", "| still compiled at a first start | why no image build can |", "|---|---|"]
+        rows += [f"| {n.name} | {n.why} |" for n in kernel_list.first_start]
+        rows += ["", "| not prebuilt: not reached with these flags | why |", "|---|---|"]
+        rows += [f"| `{n.name}` | {n.why} |" for n in kernel_list.not_requested]
+        return "\n".join(rows) + "\n"
+
     return {
+        "kernels": kernels,
         "configuration": configuration,
         "exit-codes": exit_codes,
         "figures": figures,
