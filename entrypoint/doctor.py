@@ -5,7 +5,7 @@
     sudo entrypoint/doctor --host              (on the host, from the kit's checkout: reads ACS with lspci as root)
 
 Named checks, each `pass`, `warn`, `fail` or `unknown` (the data could not be read; never a crash) with a
-detail and a fix: gpus, mig, pcie_link, topology, p2p, iommu, acs, power, shm, and with --nccl
+detail and a fix: gpus, mig, pcie_link, topology, p2p, iommu, acs, power, shm, kernels, and with --nccl
 nccl_allreduce (a real all-reduce over every GPU, about a minute). Preflight runs the fast ones: a fail
 stops the start, a warn is logged and recorded in launch.json. Exit 0 when no check fails, 1 otherwise.
 
@@ -382,6 +382,36 @@ def check_shm(box: Box, values: Mapping[str, Any]) -> Check:
     return Check("shm", "pass", f"/dev/shm holds {values['min_shm_gib']} GiB or more")
 
 
+def check_kernels(box: Box, values: Mapping[str, Any]) -> Check:
+    """The image's record of its prebuilt FlashInfer kernels (kernels/build): what a start would still compile."""
+    if box.host:
+        return Check(
+            "kernels", "pass", "not applicable on the host (the image's prebuilt kernels are checked inside)"
+        )
+    path = f"{values['home']}/KERNELS-PREBUILT.json"
+    text = box.read(path)
+    if text is None:
+        return unreadable(
+            "kernels", path, box, "run the image the kit's Dockerfile builds (its kernels step writes it)"
+        )
+    record = json.loads(text)
+    missing = list(record["not_built"])
+    if missing:
+        return Check(
+            "kernels",
+            "warn",
+            f"{len(missing)} FlashInfer module(s) not prebuilt (built with GLM5_KERNELS={record['selection']}): "
+            f"{', '.join(missing)}; a start compiles them before it serves, minutes to hours by core count",
+            "build with GLM5_KERNELS=all, the default (docker compose build)",
+        )
+    return Check(
+        "kernels",
+        "pass",
+        f"{len(record['built'])} FlashInfer modules prebuilt for sm_{record['arch_list'].replace('.', '')}: "
+        "a start compiles none of them",
+    )
+
+
 def check_nccl(box: Box) -> Check:
     kit = str(Path(__file__).resolve().parent.parent)
     env = box.environ | {"PYTHONPATH": kit, "NCCL_NVLS_ENABLE": box.environ.get("NCCL_NVLS_ENABLE", "0")}
@@ -415,7 +445,7 @@ def check_nccl(box: Box) -> Check:
     )
 
 
-FAST = ("gpus", "mig", "pcie_link", "topology", "p2p", "iommu", "acs", "power", "shm")
+FAST = ("gpus", "mig", "pcie_link", "topology", "p2p", "iommu", "acs", "power", "shm", "kernels")
 ALL = (*FAST, "nccl_allreduce")
 
 
@@ -430,6 +460,7 @@ def checks_for(values: Mapping[str, Any]) -> dict[str, Callable[[Box], Check]]:
         "acs": check_acs,
         "power": check_power,
         "shm": lambda box: check_shm(box, values),
+        "kernels": lambda box: check_kernels(box, values),
         "nccl_allreduce": check_nccl,
     }
 

@@ -13,6 +13,7 @@ import pytest
 
 from conftest import ROOT
 from entrypoint import doctor
+from kernels.modules import load
 
 FIX = ROOT / "tests" / "fixtures" / "doctor"
 DOUBLE = ROOT / "tests" / "doubles" / "nvidia_smi_double.py"
@@ -59,6 +60,9 @@ GOOD_FILES = {
 }
 
 
+KERNELS = load()
+
+
 def install_box(tmp_path: Path, box_gpus: list[dict[str, str]], files: dict[str, Path]) -> tuple[Path, Path]:
     """The box's readings in box.json, and the nvidia-smi stand-in that prints them, in tmp_path/bin."""
     bin_dir = tmp_path / "bin"
@@ -79,6 +83,7 @@ def run_doctor(
     lspci: Path | None = None,
     cmdline: str = "BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro iommu=pt\n",
     iommu_units: tuple[str, ...] = ("dmar0",),
+    kernels: dict[str, Any] | None = None,
 ) -> tuple[int, dict[str, Any]]:
     bin_dir, box = install_box(tmp_path, box_gpus, files)
     if lspci is not None:
@@ -91,6 +96,10 @@ def run_doctor(
     (root / "dev" / "shm").mkdir(parents=True, exist_ok=True)  # this machine's disk: more than 16 GiB
     for unit in iommu_units:
         (root / "sys" / "class" / "iommu" / unit).mkdir(parents=True, exist_ok=True)
+    # the image's record of its prebuilt kernels (kernels/build.py's format), all of the list built unless given
+    record = root / "opt" / "glm5" / "KERNELS-PREBUILT.json"
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps(kernels or kernels_record(KERNELS.names, "all")))
     env = {k: v for k, v in os.environ.items() if not k.startswith("GLM5_")} | {
         "PATH": f"{bin_dir}:/usr/bin:/bin",
         "NVIDIA_SMI_DOUBLE_BOX": str(box),
@@ -106,6 +115,15 @@ def run_doctor(
     return done.returncode, json.loads(done.stdout)
 
 
+def kernels_record(built: tuple[str, ...], selection: str) -> dict[str, Any]:
+    return {
+        "selection": selection,
+        "arch_list": KERNELS.arch_list,
+        "built": [{"name": n} for n in built],
+        "not_built": [n for n in KERNELS.names if n not in built],
+    }
+
+
 def by_name(report: dict[str, Any]) -> dict[str, dict[str, str]]:
     return {c["name"]: c for c in report["checks"]}
 
@@ -114,10 +132,21 @@ def test_a_good_8x_rtx_pro_6000_server_passes_with_the_socket_split_named(tmp_pa
     code, report = run_doctor(tmp_path, gpus(), GOOD_FILES)
     checks = by_name(report)
     assert code == 0 and report["ok"] is True
-    assert list(checks) == ["gpus", "mig", "pcie_link", "topology", "p2p", "iommu", "acs", "power", "shm"]
+    assert list(checks) == [
+        "gpus",
+        "mig",
+        "pcie_link",
+        "topology",
+        "p2p",
+        "iommu",
+        "acs",
+        "power",
+        "shm",
+        "kernels",
+    ]
     assert {k: v["status"] for k, v in checks.items()} == {
         "gpus": "pass", "mig": "pass", "pcie_link": "pass", "topology": "warn", "p2p": "pass", "iommu": "pass",
-        "acs": "unknown", "power": "pass", "shm": checks["shm"]["status"],
+        "acs": "unknown", "power": "pass", "shm": checks["shm"]["status"], "kernels": "pass",
     }  # fmt: skip
     assert "16 GPU pair(s) cross the CPU sockets (SYS, e.g. GPU0-GPU4)" in checks["topology"]["detail"]
     assert "NUMA 0: GPU0 GPU1 GPU2 GPU3, 1: GPU4 GPU5 GPU6 GPU7" in checks["topology"]["detail"]
@@ -300,3 +329,20 @@ def test_every_real_topology_matrix_is_read(tmp_path: Path, fixture: str) -> Non
     assert (found["status"] == "warn") == (
         sys_pairs or (kind != "topo -m" and "NS" in (FIX / fixture).read_text().split("Legend")[0])
     ), found
+
+
+def test_an_image_built_without_its_kernels_warns_what_a_start_will_compile(tmp_path: Path) -> None:
+    code, report = run_doctor(tmp_path, gpus(), GOOD_FILES, kernels=kernels_record((), "none"))
+    kernels = by_name(report)["kernels"]
+    assert code == 0 and kernels["status"] == "warn"
+    assert (
+        f"{len(KERNELS.names)} FlashInfer module(s) not prebuilt (built with GLM5_KERNELS=none)"
+        in kernels["detail"]
+    )
+    assert "fused_moe_120" in kernels["detail"] and "GLM5_KERNELS=all" in kernels["fix"]
+
+
+def test_without_the_record_the_kernels_are_unknown_not_a_crash(tmp_path: Path) -> None:
+    box = doctor.Box(environ={}, root=tmp_path)
+    found = doctor.check_kernels(box, {"home": "/opt/glm5"})
+    assert found.status == "unknown" and "KERNELS-PREBUILT.json" in found.detail
