@@ -45,6 +45,7 @@ LINK_STUB = Path("lib64/stubs/libcuda.so")  # FlashInfer links -lcuda from $cuda
 class Built:
     name: str
     seconds: float
+    jobs: int
     job_memory_mib: int
     path: Path
     size: int
@@ -234,11 +235,11 @@ def build_module(module: Module, jobs: int, target_dir: Path) -> Built:
     spec.write_ninja()
     seconds, peak_mib, _ = run_ninja(spec.build_dir, spec.ninja_path, jobs, module.name)
     path = install(Path(spec.jit_library_path), target_dir, module.name)
-    return Built(module.name, round(seconds, 1), peak_mib, path, path.stat().st_size, sha256(path))
+    return Built(module.name, round(seconds, 1), jobs, peak_mib, path, path.stat().st_size, sha256(path))
 
 
 def record(
-    kernel_list: KernelList, selection: str, built: Sequence[Built], jobs: int, release: str | None
+    kernel_list: KernelList, selection: str, built: Sequence[Built], release: str | None
 ) -> dict[str, Any]:
     import flashinfer
 
@@ -248,11 +249,11 @@ def record(
         "flashinfer": flashinfer.__version__,
         "arch_list": kernel_list.arch_list,
         "nvcc_release": release,
-        "jobs": jobs,
         "built": [
             {
                 "name": b.name,
                 "seconds": b.seconds,
+                "jobs": b.jobs,
                 "job_memory_mib": b.job_memory_mib,
                 "bytes": b.size,
                 "sha256": b.sha256,
@@ -296,13 +297,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def build(args: argparse.Namespace, kernel_list: KernelList, selected: Sequence[Module]) -> int:
     cuda_home = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
-    problems, jobs, cores, available, need = [], 0, len(os.sched_getaffinity(0)), available_memory_mib(), 0
+    problems: list[Problem] = []
+    cores, available, need = len(os.sched_getaffinity(0)), available_memory_mib(), 0
+    jobs: dict[str, int] = {}  # per module: the MoE's compiles need ~10 GiB each, the others 0.5-7 GiB
     if selected:
         problems = toolchain_problems(cuda_home, os.environ.get("FLASHINFER_CUDA_VERSION"))
         problems += link_problems(selected, cuda_home)
-        need = max(int(m.figures.get("job_memory_mib", 0)) for m in selected)
-        jobs, job_problems = plan_jobs(args.jobs, cores, available, need)
-        problems += job_problems
+        needs = {m.name: int(m.figures.get("job_memory_mib", 0)) for m in selected}
+        plans = {name: plan_jobs(args.jobs, cores, available, needs[name]) for name in needs}
+        jobs = {name: plan[0] for name, plan in plans.items()}
+        need = max(needs.values())
+        problems += plans[max(needs, key=needs.__getitem__)][
+            1
+        ]  # the neediest module names a MAX_JOBS problem once
     if problems:
         log.problems(problems, "problem(s) before compiling; nothing was compiled")
         return USAGE if any(p.code == USAGE for p in problems) else INVALID_SETTING
@@ -310,20 +317,20 @@ def build(args: argparse.Namespace, kernel_list: KernelList, selected: Sequence[
         f"{len(selected)} of {len(kernel_list.modules)} modules for sm_{kernel_list.arch_list.replace('.', '')}: "
         f"{', '.join(m.name for m in selected) or f'none ({SETTING}={args.modules}: all compile at first start)'}"
         + (
-            f"; {jobs} jobs ({cores} cores, {available} MiB available, up to {need} MiB per job)"
+            f"; {min(jobs.values())}-{max(jobs.values())} jobs ({cores} cores, {available} MiB available, "
+            f"up to {need} MiB per job)"
             if selected
             else ""
         )
     )
     if args.dry_run:
         return OK
-    os.environ["MAX_JOBS"] = str(jobs)
     target = aot_dir()
     built: list[Built] = []
     for module in selected:
-        log.info(f"{module.name}: {module.sources} sources ({module.why})")
+        log.info(f"{module.name}: {module.sources} sources, {jobs[module.name]} jobs ({module.why})")
         try:
-            built.append(build_module(module, jobs, target))
+            built.append(build_module(module, jobs[module.name], target))
         except (subprocess.CalledProcessError, RuntimeError, OSError) as error:
             log.error(f"{module.name} did not compile for SM120: {error}")
             log.error(
@@ -339,7 +346,7 @@ def build(args: argparse.Namespace, kernel_list: KernelList, selected: Sequence[
     release = nvcc_release(cuda_home / "bin" / "nvcc") if selected else None
     target.mkdir(parents=True, exist_ok=True)
     (target / RECORD_NAME).write_text(
-        json.dumps(record(kernel_list, args.modules, built, jobs, release), indent=2) + "\n"
+        json.dumps(record(kernel_list, args.modules, built, release), indent=2) + "\n"
     )
     log.info(f"prebuilt {len(built)}/{len(kernel_list.modules)}; record: {target / RECORD_NAME}")
     return OK

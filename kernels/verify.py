@@ -155,6 +155,8 @@ def report(kernel_list: KernelList, result: dict[str, Any], require_all: bool) -
     for problem in problems:
         log.error(problem)
     total = len(kernel_list.modules)
+    if not result["modules"]:  # nothing was asked of the runtime (no record): the problem above says why
+        return FAILED
     if later:
         log.info(
             f"prebuilt {len(prebuilt)}/{total} ({SETTING}={result.get('selection')}); "
