@@ -36,7 +36,15 @@ GPU_COMPUTE_CAPABILITY = 15
 GPU_MEMORY = 16
 GPU_DRIVER = 17
 GPU_MIG = 18  # the doctor's mig check: MIG mode on, or a MIG slice visible
-DOCTOR_CHECKS = ("mig", "pcie_link", "topology", "p2p", "iommu", "power", "kernels")  # the doctor's fast checks run here
+DOCTOR_CHECKS = (
+    "mig",
+    "pcie_link",
+    "topology",
+    "p2p",
+    "iommu",
+    "power",
+    "kernels",
+)  # the doctor's fast checks run here
 SHM_TOO_SMALL = 20
 MODEL_DIR_MISSING = 30
 MODEL_CONFIG = 31
