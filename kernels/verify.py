@@ -29,7 +29,6 @@ from kernels.build import sha256
 from kernels.modules import RECORD_NAME, SETTING, KernelList, aot_dir, load
 
 log = Log("kernels/verify")
-SEALED = "GLM5_KERNELS_VERIFY_SEALED"
 
 
 def sealed_env(env: dict[str, str], arch_list: str, workspace: str) -> dict[str, str]:
@@ -43,7 +42,6 @@ def sealed_env(env: dict[str, str], arch_list: str, workspace: str) -> dict[str,
             "FLASHINFER_CUDA_ARCH_LIST": arch_list,  # what the generators read without a GPU; the names do not depend on it
             "FLASHINFER_WORKSPACE_BASE": workspace,  # an empty JIT cache: nothing can come from there
             "TORCHINDUCTOR_CACHE_DIR": f"{workspace}/inductor",  # torch makes it at import; gone with the workspace
-            SEALED: "1",
         }
     )
     return sealed
@@ -173,14 +171,20 @@ def main(argv: list[str] | None = None) -> int:
         "--require-all", action="store_true", help="fail unless every listed module is prebuilt"
     )
     parser.add_argument("--json", action="store_true", help="print the findings as JSON on stdout")
+    parser.add_argument("--sealed", action="store_true", help=argparse.SUPPRESS)  # the run inside sealed_env
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     kernel_list = load()
-    if os.environ.get(SEALED) != "1":
+    if not args.sealed:
         with tempfile.TemporaryDirectory(prefix="glm5-kernels-verify-") as workspace:
             env = sealed_env(dict(os.environ), kernel_list.arch_list, workspace)
-            return subprocess.run(
-                [sys.executable, "-m", "kernels.verify", *(argv or sys.argv[1:])], env=env
-            ).returncode
+            again = [
+                sys.executable,
+                "-m",
+                "kernels.verify",
+                "--sealed",
+                *(sys.argv[1:] if argv is None else argv),
+            ]
+            return subprocess.run(again, env=env).returncode
     result = check(kernel_list)
     if args.json:
         print(json.dumps(result, indent=2))

@@ -17,7 +17,7 @@ from conftest import ROOT
 from entrypoint import config, settings, state
 from healthcheck import logscan
 
-KIT_PACKAGES = ("common", "entrypoint", "healthcheck", "patches", "ci", "image")
+KIT_PACKAGES = ("common", "entrypoint", "healthcheck", "patches", "ci", "image", "kernels")
 
 
 def cfg_with(change: Any) -> dict[str, Any]:
@@ -145,7 +145,10 @@ def test_every_glm5_variable_the_kit_names_is_declared() -> None:
         ROOT / "entrypoint/supervisord.conf",
     ]:
         named |= set(re.findall(r"\bGLM5_[A-Z_]*[A-Z]\b", path.read_text()))
-    named -= {"GLM5_SERVE_PATCHES"}  # a file name (the patch record), not a variable
+    named -= {
+        "GLM5_SERVE_PATCHES",
+        "GLM5_SERVE_KERNELS",
+    }  # file names (the patch and kernel records), not variables
     assert named - declared == set()
 
 
