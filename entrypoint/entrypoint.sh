@@ -12,26 +12,20 @@ set -Eeuo pipefail
 
 GLM5_HOME=${GLM5_HOME:-$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)}
 export GLM5_HOME
-readonly FATAL_EXIT=70 USAGE_EXIT=2 INVALID_SETTING_EXIT=3
+readonly FATAL_EXIT=70 USAGE_EXIT=2
 fatal_file=
 server_config=
 
 log() { printf 'glm5-serve: %s\n' "$*" >&2; }
 
-# Export the GLM5_* settings supervisord.conf expands, from glm5.toml and the overrides.
+# Export the GLM5_* settings supervisord.conf expands, from glm5.toml and the overrides (launch exits 3 naming
+# the setting and the fix when one is invalid, or when the state or log folder cannot be made or written).
 load_settings() {
   local lines key value
   lines=$("$GLM5_HOME/entrypoint/launch" --supervisor-env)
   while IFS='=' read -r key value; do
     export "$key=$value"
   done <<<"$lines"
-  local dir
-  for dir in GLM5_LOG_DIR GLM5_STATE_DIR; do
-    if ! mkdir -p "${!dir}" 2>/dev/null || [[ ! -w ${!dir} ]]; then
-      log "error: $dir=${!dir}: cannot create it or write to it as UID $(id -u); mount a writable folder there, or set $dir"
-      exit "$INVALID_SETTING_EXIT"
-    fi
-  done
   fatal_file=$("$GLM5_HOME/entrypoint/launch" --state-path fatal)
   server_config=$("$GLM5_HOME/entrypoint/launch" --state-path server-config.yaml)
 }

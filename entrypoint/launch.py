@@ -42,6 +42,15 @@ def resolve_or_exit() -> config.Effective:
     return effective
 
 
+def folders_or_exit(effective: config.Effective) -> None:
+    """The state and log folders exist and are writable (made if missing) before anything writes there."""
+    try:
+        state.require_folders(effective.values)
+    except Problems as err:
+        LOG.problems(err.problems)
+        sys.exit(INVALID_SETTING)
+
+
 def dry_run(effective: config.Effective, as_json: bool) -> int:
     argv = effective.argv
     if as_json:
@@ -88,7 +97,6 @@ def prepare(effective: config.Effective) -> int:
 
 def serve(effective: config.Effective) -> int:
     state_dir = effective.values["state_dir"]
-    Path(state_dir).mkdir(parents=True, exist_ok=True)
     start = state.next_start(state_dir)
     argv = list(effective.argv)
     replacement = effective.values["server_program"]
@@ -244,6 +252,10 @@ def main() -> int:
     effective = resolve_or_exit()
     if args.dry_run:
         return dry_run(effective, args.json)
+    if args.state_path:
+        print(state.path(effective.values["state_dir"], args.state_path))
+        return 0
+    folders_or_exit(effective)  # every mode below writes state or logs (or, --supervisor-env, supervisord will)
     if args.prepare:
         # A stop during preflight or a download ends it at once, with what it is running (nvidia-smi, the
         # parser); a download's worker threads end with the process.
@@ -251,9 +263,6 @@ def main() -> int:
         return prepare(effective)
     if args.supervisor_env:
         return supervisor_env(effective)
-    if args.state_path:
-        print(state.path(effective.values["state_dir"], args.state_path))
-        return 0
     return serve(effective)
 
 

@@ -10,7 +10,7 @@ import signal
 import sys
 from pathlib import Path
 
-from common.report import FATAL, Log
+from common.report import FATAL, Log, Problems
 from entrypoint import settings, state
 
 WATCHED = {"sglang"}
@@ -33,8 +33,13 @@ def last_failure() -> str:
     return phase.explain_failure(scan) if scan.failure else "it exited without a failure line in the log"
 
 
-def main() -> None:
-    state_dir = settings.resolve(os.environ)["state_dir"]
+def main() -> int:
+    try:
+        values = settings.resolve(os.environ)
+        state.require_folders(values)
+    except Problems as err:
+        return LOG.problems(err.problems)
+    state_dir = values["state_dir"]
     while True:
         sys.stdout.write("READY\n")
         sys.stdout.flush()
@@ -52,4 +57,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

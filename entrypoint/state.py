@@ -22,8 +22,11 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from common.report import Problem, Problems
 
 SERVER_LOG = (
     "server.log"  # in GLM5_LOG_DIR: written by supervisord (the server's output), read by the healthcheck
@@ -47,6 +50,35 @@ def marker_line(start: int, started_at: str, pid: int, decode_expected: int, pre
         f"===== {MARKER_TEXT}{start} at {started_at} pid {pid}: decode graphs expected "
         f"{decode_expected}, prefill {prefill_expected} ====="
     )
+
+
+# The folders the kit writes, by setting: what every writer checks before it writes (require_folders).
+FOLDERS = {"GLM5_STATE_DIR": "state_dir", "GLM5_LOG_DIR": "log_dir"}
+
+
+def folder_problem(name: str, folder: str | Path) -> Problem | None:
+    """Create the folder where its parent allows; a Problem (exit 3) when it is not a folder or not writable."""
+    where = Path(folder)
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        usable = where.is_dir() and os.access(where, os.W_OK | os.X_OK)
+    except OSError:  # a parent that is a file (NotADirectoryError), not writable, or on a read-only root
+        usable = False
+    if usable:
+        return None
+    return Problem(
+        f"{name}={folder}",
+        f"cannot create it or write to it as UID {os.getuid()}",
+        f"mount a writable folder there, or set {name}",
+    )
+
+
+def require_folders(values: Mapping[str, Any]) -> None:
+    """Every folder the kit writes is usable (created if missing), else every problem at once (report.Problems)."""
+    found = [folder_problem(name, values[key]) for name, key in FOLDERS.items()]
+    problems = [p for p in found if p is not None]
+    if problems:
+        raise Problems(problems)
 
 
 def path(state_dir: str | Path, name: str) -> Path:

@@ -26,6 +26,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from common.report import FAILED, FAILURE_CODE, INVALID_SETTING, USAGE, Log, Problems
+from entrypoint import settings, state
 from healthcheck import probe
 
 LOG = Log("monitoring/exporter")
@@ -208,10 +209,9 @@ def registry(environ: Mapping[str, str]) -> CollectorRegistry:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from entrypoint import settings
-
     try:
         values = settings.resolve(os.environ)
+        state.require_folders(values)  # the probe keeps the capture facts in the state folder
     except Problems as err:
         LOG.problems(err.problems, "invalid setting(s)")
         return INVALID_SETTING

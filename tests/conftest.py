@@ -1,4 +1,5 @@
-"""Shared fixtures: copies of the real installed flashinfer-python, unpatched and patched."""
+"""Shared fixtures: copies of the real installed flashinfer-python, unpatched and patched; the kit's environment
+aimed at the test run's own folders, and the check that the run left none of the image's folders on the host."""
 
 from __future__ import annotations
 
@@ -7,16 +8,56 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from entrypoint import settings
+
 ROOT = Path(__file__).resolve().parents[1]
 # The kit's thin executables run `python3` from PATH: make it this interpreter (the test venv's).
 os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
 SCENARIOS = ROOT / "tests" / "helpers" / "dynamo_scenarios.py"
+ABSENT = pytest.StashKey[list[Path]]()  # the image's folders that did not exist when the run began
+RUN_FOLDERS = Path(tempfile.mkdtemp(prefix="glm5-tests-"))  # this test process's state and log folders
+
+
+def kit_env(*drop: str, **env: str) -> dict[str, str]:
+    """This process's environment less every GLM5_* variable (and those starting with a prefix in `drop`), with
+    GLM5_STATE_DIR and GLM5_LOG_DIR in a fresh folder of the test run's (never the image's /run/glm5 and
+    /var/log/glm5, which the kit creates when missing), then `env` on top."""
+    folder = Path(tempfile.mkdtemp(dir=RUN_FOLDERS))
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("GLM5_", *drop))}
+    return base | {"GLM5_STATE_DIR": str(folder / "run"), "GLM5_LOG_DIR": str(folder / "log")} | env
+
+
+def image_folders() -> list[Path]:
+    """The folders only the image creates: the state and log folders' defaults in glm5.toml."""
+    declared = settings.declarations()
+    return [Path(str(declared[name].default)) for name in ("GLM5_STATE_DIR", "GLM5_LOG_DIR")]
+
+
+def appeared(absent_before: list[Path]) -> list[Path]:
+    """Those of the folders absent before that exist now."""
+    return [folder for folder in absent_before if folder.exists()]
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[ABSENT] = [folder for folder in image_folders() if not folder.exists()]
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    shutil.rmtree(RUN_FOLDERS, ignore_errors=True)
+    left = appeared(session.config.stash.get(ABSENT, []))
+    if left:
+        names = ", ".join(map(str, left))
+        print(f"\nthe test run created {names} on this host: a test runs the kit without its own folders "
+              "(use conftest.kit_env); remove them before the next run", file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
 
 
 def installed_flashinfer_site() -> Path:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, kit_env
 from entrypoint import doctor
 from kernels.modules import load
 
@@ -100,7 +100,7 @@ def run_doctor(
     record = root / "opt" / "glm5" / "KERNELS-PREBUILT.json"
     record.parent.mkdir(parents=True, exist_ok=True)
     record.write_text(json.dumps(kernels or kernels_record(KERNELS.names, "all")))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GLM5_")} | {
+    env = kit_env() | {
         "PATH": f"{bin_dir}:/usr/bin:/bin",
         "NVIDIA_SMI_DOUBLE_BOX": str(box),
     }
@@ -274,7 +274,7 @@ def prepare_with_box(
     tmp_path: Path, box_gpus: list[dict[str, str]], files: dict[str, Path]
 ) -> subprocess.CompletedProcess[str]:
     bin_dir, box = install_box(tmp_path, box_gpus, files)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GLM5_", "FLASHINFER_"))} | {
+    env = kit_env("FLASHINFER_") | {
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
         "NVIDIA_SMI_DOUBLE_BOX": str(box),
         "GLM5_STATE_DIR": str(tmp_path / "run"),

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, kit_env
 from entrypoint import state
 from healthcheck import logscan, phase
 
@@ -24,7 +24,7 @@ LOGS = ROOT / "tests" / "fixtures" / "logs"
 
 
 def probe(*args: str, **env: str) -> tuple[int, dict[str, Any]]:
-    full = {k: v for k, v in os.environ.items() if not k.startswith("GLM5_")} | env
+    full = kit_env() | env
     done = subprocess.run(
         [str(HEALTHCHECK), "--json", *args],
         capture_output=True,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -11,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import ROOT
+from conftest import ROOT, kit_env
 from entrypoint import batch_sizes, config, relay, settings, state
 from helpers import oracles
 
@@ -19,7 +18,7 @@ LAUNCH = ROOT / "entrypoint" / "launch"
 
 
 def launch(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    full = {k: v for k, v in os.environ.items() if not k.startswith("GLM5_")} | env
+    full = kit_env(**env)
     return subprocess.run([str(LAUNCH), *args], capture_output=True, text=True, env=full, check=False)
 
 
@@ -102,11 +101,12 @@ def test_baked_default_expects_52_decode_and_58_prefill_sizes() -> None:
 
 
 def test_dry_run_prints_a_shell_command_and_redacts_the_key() -> None:
-    done = launch("--dry-run", GLM5_API_KEY="s3cret-0123456789abcdef")
+    done = launch("--dry-run", GLM5_API_KEY="s3cret-0123456789abcdef", GLM5_STATE_DIR="/run/glm5")
     assert done.returncode == 0
     assert done.stdout.startswith("python3 -m sglang.launch_server --model-path /models/GLM-5-NVFP4 ")
     assert "s3cret-0123456789abcdef" not in done.stdout and "--api-key" not in done.stdout
     assert "--config /run/glm5/server-config.yaml" in done.stdout
+    assert not Path("/run/glm5/server-config.yaml").exists()  # a dry run touches nothing
 
 
 def test_no_sm120_incompatible_backend_is_baked() -> None:

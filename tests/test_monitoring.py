@@ -24,7 +24,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from common.report import EXIT_CODES, FAILURE_KINDS
-from conftest import ROOT
+from conftest import ROOT, kit_env
 from entrypoint import settings, state
 from helpers import k8s
 from helpers.container import Container, free_port, start
@@ -196,7 +196,7 @@ def start_files(tmp: Path, fixture: str, launch: dict[str, Any] | None = None) -
 
 def scrape_once(run: dict[str, str], **env: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
     """`monitoring/exporter --once`, parsed: {name: {labels: value}}."""
-    full = {k: v for k, v in os.environ.items() if not k.startswith("GLM5_")} | run | env
+    full = kit_env() | run | env
     done = subprocess.run(
         [str(ROOT / "monitoring" / "exporter"), "--once"],
         capture_output=True,
@@ -245,7 +245,7 @@ def test_exporter_reports_a_recorded_failure_by_its_exit_code_not_as_a_hang(tmp_
     assert phase_of(m) == "failed" and m["glm5_start_failure_code"] == {(): 31}
     assert m["glm5_start_hung"] == {(): 0} and "glm5_start_progress_age_seconds" not in m
     full = (
-        {k: v for k, v in os.environ.items() if not k.startswith("GLM5_")}
+        kit_env()
         | run
         | {"GLM5_STALL_SECONDS": "1800"}
     )

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from common.report import Log, Problems
-from conftest import ROOT
+from conftest import ROOT, kit_env
 from entrypoint import config, preflight, settings, weights
 from helpers.unprivileged import reachable_copy
 
@@ -255,8 +255,7 @@ def run_prepare(tmp_path: Path, smi_fixture: str, **env: str) -> subprocess.Comp
     smi = bin_dir / "nvidia-smi"
     smi.write_text(f"#!/bin/sh\ncat '{SMI / smi_fixture}'\n")
     smi.chmod(0o755)
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("GLM5_", "FLASHINFER_"))}
-    full = base | {"PATH": f"{bin_dir}:{os.environ['PATH']}"} | env
+    full = kit_env("FLASHINFER_") | {"PATH": f"{bin_dir}:{os.environ['PATH']}"} | env
     return subprocess.run(
         [str(ROOT / "entrypoint/launch"), "--prepare"],
         capture_output=True,
