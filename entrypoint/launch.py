@@ -4,7 +4,8 @@
     entrypoint/launch --prepare            validate, run preflight
     entrypoint/launch --serve              write the run state and a start marker, run the server
     entrypoint/launch --reference          print the configuration reference (markdown)
-    entrypoint/launch --supervisor-env     print the GLM5_* settings supervisord.conf expands
+    entrypoint/launch --supervisor-env     print the settings supervisord.conf expands (SV_*)
+    entrypoint/launch --failed-code        print the exit code of the recorded failure (0: none)
 
     entrypoint/launch --state-path NAME   print the path of a state file (entrypoint/state.py)
 
@@ -25,8 +26,9 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
-from common.report import INVALID_SETTING, NO_SERVER_PROGRAM, Log, Problems
+from common.report import FAILED, INVALID_SETTING, NO_SERVER_PROGRAM, Log, Problems
 from entrypoint import config, preflight, relay, settings, state
 
 LOG = Log("glm5-serve")
@@ -66,11 +68,31 @@ def dry_run(effective: config.Effective, as_json: bool) -> int:
     return 0
 
 
-def prepare(effective: config.Effective) -> int:
-    values = effective.values
-    state.clear_fatal(values["state_dir"])
+def prepare_start() -> int:
+    """The preflight program under supervisord: a start's failure that a restart cannot fix is recorded
+    (failed.json, where the healthcheck and the exporter look) whether a setting or the box is at fault."""
+    try:
+        values, problems = state.supervised(os.environ)
+    except Problems as err:  # not even glm5.toml's folders can be used: nothing can record it
+        return LOG.problems(err.problems)
     state.clear_failed(values["state_dir"])
     state.remove_server_config(values["state_dir"])  # a killed run's copy of the key goes
+    effective = None
+    if not problems:
+        try:
+            effective = config.resolve(os.environ)
+        except Problems as err:
+            problems = err.problems
+    if effective is None:
+        state.write_failed(
+            values["state_dir"], problems[0].code, "invalid setting(s): " + "; ".join(map(str, problems))
+        )
+        return LOG.problems(problems)
+    return prepare(effective)
+
+
+def prepare(effective: config.Effective) -> int:
+    values = effective.values
     warnings: list[dict[str, str]] = []
     problems = preflight.run(
         values, os.environ, LOG, effective.public_argv()[len(config.SERVER_PROGRAM) :], warnings=warnings
@@ -207,6 +229,8 @@ def processes(ppid: int | None = None, pgid: int | None = None) -> list[int]:
     return found
 
 
+# What supervisord.conf expands, exported by entrypoint.sh as SV_<KEY> (not GLM5_*: those stay as the operator
+# set them, so preflight still sees an invalid one).
 SUPERVISOR_KEYS = (
     "exporter_port",
     "on_failure",
@@ -220,10 +244,30 @@ SUPERVISOR_KEYS = (
 )
 
 
-def supervisor_env(effective: config.Effective) -> int:
-    """KEY=VALUE lines for entrypoint.sh, expanded by supervisord.conf as %(ENV_GLM5_...)s."""
+def supervisor_env() -> int:
+    """SV_KEY=VALUE lines for entrypoint.sh, expanded by supervisord.conf as %(ENV_SV_...)s: an invalid setting
+    at its default (preflight records and reports it), so supervisord and the exporter run whatever is set."""
+    values = supervised_or_exit(create=True)
     for key in SUPERVISOR_KEYS:
-        print(f"GLM5_{key.upper()}={effective.values[key]}")
+        print(f"SV_{key.upper()}={values[key]}")
+    return 0
+
+
+def supervised_or_exit(create: bool) -> dict[str, Any]:
+    try:
+        return state.supervised(os.environ, create)[0]
+    except Problems as err:
+        LOG.problems(
+            err.problems, "unusable folder(s): neither the one set nor glm5.toml's; nothing was started"
+        )
+        sys.exit(INVALID_SETTING)
+
+
+def failed_code() -> int:
+    """Print the exit code of the failure recorded in failed.json, 0 when none: the container's exit code."""
+    failed = state.read_failed(supervised_or_exit(create=False)["state_dir"]) or {}
+    code = failed.get("code", 0)
+    print(code if isinstance(code, int) and 0 <= code < 256 else FAILED)
     return 0
 
 
@@ -243,26 +287,30 @@ def main() -> int:
         "--supervisor-env", action="store_true", help="print the settings supervisord.conf reads"
     )
     mode.add_argument("--state-path", choices=state.FILES, help="print the path of a state file")
+    mode.add_argument(
+        "--failed-code", action="store_true", help="print the exit code of the recorded failure (0: none)"
+    )
     parser.add_argument("--json", action="store_true", help="with --dry-run: the argv as a JSON array")
     args = parser.parse_args()
     if args.json and not args.dry_run:
         parser.error("--json goes with --dry-run")
     if args.reference:
         return reference()
+    if args.supervisor_env:
+        return supervisor_env()
+    if args.failed_code:
+        return failed_code()
+    if args.state_path:  # where the kit's processes look, an invalid setting at its default
+        print(state.path(supervised_or_exit(create=False)["state_dir"], args.state_path))
+        return 0
+    if args.prepare:
+        # A stop during preflight ends it at once, with what it is running (nvidia-smi, the parser).
+        signal.signal(signal.SIGTERM, stop_now)
+        return prepare_start()
     effective = resolve_or_exit()
     if args.dry_run:
         return dry_run(effective, args.json)
-    if args.state_path:
-        print(state.path(effective.values["state_dir"], args.state_path))
-        return 0
-    folders_or_exit(effective)  # every mode below writes state or logs (or, --supervisor-env, supervisord will)
-    if args.prepare:
-        # A stop during preflight or a download ends it at once, with what it is running (nvidia-smi, the
-        # parser); a download's worker threads end with the process.
-        signal.signal(signal.SIGTERM, stop_now)
-        return prepare(effective)
-    if args.supervisor_env:
-        return supervisor_env(effective)
+    folders_or_exit(effective)  # the server's state and log
     return serve(effective)
 
 

@@ -230,6 +230,26 @@ def resolve(
     return values
 
 
+def resolve_leniently(environ: Mapping[str, str]) -> tuple[dict[str, Any], list[Problem]]:
+    """The values and the problems `resolve` would raise, with every setting a problem names at its glm5.toml
+    default and the others as set: what lets supervisord and the exporter run, and say why, under an invalid
+    configuration (nothing is started with these values: preflight refuses them)."""
+    try:
+        return resolve(environ), []
+    except Problems as err:
+        problems = err.problems
+    named = {problem.setting.split("=", 1)[0] for problem in problems}
+    kept = {
+        name: raw
+        for name, setting in declarations().items()
+        if (raw := environ.get(name, "")).strip() and name not in named and setting.kind != "secret"
+    }
+    try:
+        return resolve(kept), problems
+    except Problems:
+        return resolve({}), problems
+
+
 def unknown_or_removed(
     environ: Mapping[str, str], decls: Mapping[str, Setting], removed: Mapping[str, str]
 ) -> list[Problem]:

@@ -6,8 +6,7 @@ the start marker line in the server log. Only this module names them.
 | `starts` | launch --serve | launch --serve | how many starts this container has made (the number in the marker) |
 | `launch.json` | launch --serve, at each start | healthcheck, ci tools, people | the effective configuration of the current start (argv with secrets redacted, env, expected graph counts, port, log dir, health timeout), its start number, pid and time |
 | `capture.json` | healthcheck | healthcheck | the capture facts of a start once capture is done (the log's tail window may lose them later); written only when it changes |
-| `fatal` | entrypoint/on-fatal | entrypoint.sh (exit 70) | why the server went FATAL; removed when the container starts |
-| `failed.json` | launch --prepare (preflight), entrypoint/on-fatal (FATAL) | healthcheck, people | a failure a restart cannot fix: `{"code", "reason", "at"}`; the container stays up showing it (GLM5_ON_FAILURE=wait); removed at the next prepare |
+| `failed.json` | launch --prepare (an invalid setting, preflight), entrypoint/lifecycle (FATAL) | healthcheck, the exporter, entrypoint.sh (its exit code), people | a failure a restart cannot fix: `{"code", "reason", "at"}`; the container stays up showing it (GLM5_ON_FAILURE=wait); removed at the next prepare |
 | `doctor.json` | launch --prepare | launch --serve (into launch.json as `doctor_warnings`) | the doctor's warnings about this box |
 | `server-config.yaml` | launch --serve | the server (`--config`) | options that must be on no command line (the API key); mode 0600, removed when the server exits; the state dir is a tmpfs in compose and the pod |
 | `supervisord.pid`, `supervisor.sock` | supervisord | supervisorctl | supervisord's own (named in supervisord.conf) |
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from common.report import Problem, Problems
+from entrypoint import settings
 
 SERVER_LOG = (
     "server.log"  # in GLM5_LOG_DIR: written by supervisord (the server's output), read by the healthcheck
@@ -34,11 +34,10 @@ SERVER_LOG = (
 LAUNCH = "launch.json"
 CAPTURE = "capture.json"
 STARTS = "starts"
-FATAL = "fatal"
 SERVER_CONFIG = "server-config.yaml"
 FAILED = "failed.json"
 DOCTOR = "doctor.json"
-FILES = (STARTS, LAUNCH, CAPTURE, FATAL, SERVER_CONFIG, FAILED, DOCTOR)
+FILES = (STARTS, LAUNCH, CAPTURE, SERVER_CONFIG, FAILED, DOCTOR)
 MARKER_TEXT = "glm5-serve: server start #"
 MARKER = re.compile(
     rb"glm5-serve: server start #(\d+) at (\S+)(?: pid \d+: decode graphs expected (\d+), prefill (\d+))?"
@@ -52,18 +51,30 @@ def marker_line(start: int, started_at: str, pid: int, decode_expected: int, pre
     )
 
 
+SOCKET = "supervisor.sock"  # supervisord's, in the state folder (supervisord.conf)
+SOCKET_PATH_MAX = 107  # a Unix socket's path (sun_path is 108 bytes with its terminating NUL)
 # The folders the kit writes, by setting: what every writer checks before it writes (require_folders).
 FOLDERS = {"GLM5_STATE_DIR": "state_dir", "GLM5_LOG_DIR": "log_dir"}
 
 
-def folder_problem(name: str, folder: str | Path) -> Problem | None:
-    """Create the folder where its parent allows; a Problem (exit 3) when it is not a folder or not writable."""
+def folder_problem(name: str, folder: str | Path, create: bool = True) -> Problem | None:
+    """Create the folder where its parent allows; a Problem (exit 3) when it is not a folder or not writable.
+    With create=False (a reader: the healthcheck) a folder not made yet is no problem, one in a file's place is."""
     where = Path(folder)
     try:
-        where.mkdir(parents=True, exist_ok=True)
-        usable = where.is_dir() and os.access(where, os.W_OK | os.X_OK)
+        if create:
+            where.mkdir(parents=True, exist_ok=True)
+            usable = where.is_dir() and os.access(where, os.W_OK | os.X_OK)
+        else:
+            usable = not any(p.exists() and not p.is_dir() for p in (where, *where.parents))
     except OSError:  # a parent that is a file (NotADirectoryError), not writable, or on a read-only root
         usable = False
+    if usable and name == "GLM5_STATE_DIR" and len(bytes(where / SOCKET)) > SOCKET_PATH_MAX:
+        return Problem(
+            f"{name}={folder}",
+            f"is too long for supervisord's socket ({SOCKET}: at most {SOCKET_PATH_MAX} bytes in all)",
+            f"use a shorter path, or unset {name}",
+        )
     if usable:
         return None
     return Problem(
@@ -79,6 +90,25 @@ def require_folders(values: Mapping[str, Any]) -> None:
     problems = [p for p in found if p is not None]
     if problems:
         raise Problems(problems)
+
+
+def supervised(environ: Mapping[str, str], create: bool = True) -> tuple[dict[str, Any], list[Problem]]:
+    """The values supervisord, its programs and the healthcheck run under, and what is wrong with the settings:
+    an invalid setting at its glm5.toml default (settings.resolve_leniently), and a state or log folder that
+    cannot be used at its default too, so that even then the exporter answers and the failure is recorded where
+    the healthcheck looks. Raises Problems only when a default folder is unusable as well: then nothing could
+    record or show a failure."""
+    values, problems = settings.resolve_leniently(environ)
+    for name, key in FOLDERS.items():
+        problem = folder_problem(name, values[key], create)
+        if problem is None:
+            continue
+        problems.append(problem)
+        values[key] = settings.declarations()[name].default
+        fallback = folder_problem(name, values[key], create)
+        if fallback is not None:
+            raise Problems([problem, fallback])
+    return values, problems
 
 
 def path(state_dir: str | Path, name: str) -> Path:
@@ -134,14 +164,6 @@ def write_capture(state_dir: str | Path, facts: dict[str, Any]) -> None:
             staged.replace(file)
     except OSError:
         pass  # a read-only or missing state dir costs the tail-window memory, not the probe
-
-
-def write_fatal(state_dir: str | Path, reason: str) -> None:
-    path(state_dir, FATAL).write_text(reason + "\n")
-
-
-def clear_fatal(state_dir: str | Path) -> None:
-    path(state_dir, FATAL).unlink(missing_ok=True)
 
 
 def write_failed(state_dir: str | Path, code: int, reason: str) -> None:

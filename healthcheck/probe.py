@@ -40,9 +40,11 @@ def settings_of_this_run(environ: dict[str, str] | os._Environ[str]) -> dict[str
     keys = ("log_dir", "port", "health_timeout_seconds", "accept_partial_capture", "stall_seconds")
     if launch is not None and all(k in launch for k in keys):
         return {"state_dir": state_dir} | {k: launch[k] for k in keys}
-    from entrypoint import settings  # reads glm5.toml: only before the first start, or offline
-
-    values = settings.resolve(environ)
+    # Before the first start (or offline): glm5.toml and the environment, an invalid setting at its default as
+    # supervisord runs it, so that a failure recorded under an invalid setting is found where it was written.
+    values, problems = state.supervised(environ, create=False)
+    for problem in problems:  # named, not fatal: preflight records it as the start's failure (failed.json)
+        Log("healthcheck").warning(f"{problem}; judged with glm5.toml's value meanwhile")
     return {k: values[k] for k in ("state_dir", *keys)}
 
 

@@ -26,7 +26,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from common.report import FAILED, FAILURE_CODE, INVALID_SETTING, USAGE, Log, Problems
-from entrypoint import settings, state
+from entrypoint import state
 from healthcheck import probe
 
 LOG = Log("monitoring/exporter")
@@ -210,10 +210,11 @@ def registry(environ: Mapping[str, str]) -> CollectorRegistry:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        values = settings.resolve(os.environ)
-        state.require_folders(values)  # the probe keeps the capture facts in the state folder
+        # An invalid setting at its default, as supervisord runs it: the exporter answers, and says why, under
+        # any configuration; only state and log folders that cannot be used even at their defaults stop it.
+        values, _problems = state.supervised(os.environ)
     except Problems as err:
-        LOG.problems(err.problems, "invalid setting(s)")
+        LOG.problems(err.problems, "unusable folder(s)")
         return INVALID_SETTING
     parser = argparse.ArgumentParser(prog="monitoring/exporter", description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", default=values["host"], help="address to listen on")

@@ -54,10 +54,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     left = appeared(session.config.stash.get(ABSENT, []))
     if left:
         names = ", ".join(map(str, left))
-        print(f"\nthe test run created {names} on this host: a test runs the kit without its own folders "
-              "(use conftest.kit_env); remove them before the next run", file=sys.stderr)
+        print(
+            f"\nthe test run created {names} on this host: a test runs the kit without its own folders "
+            "(use conftest.kit_env); remove them before the next run",
+            file=sys.stderr,
+        )
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
-
 
 
 def installed_flashinfer_site() -> Path:

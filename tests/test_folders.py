@@ -1,7 +1,9 @@
 """The state and log folders (GLM5_STATE_DIR, GLM5_LOG_DIR): every tool that writes there creates a missing one
-where its parent allows, and refuses one it cannot use with exit 3 and a line naming the setting and the fix,
-never a traceback. Each writer is run as its executable: launch (--prepare, --serve, --supervisor-env), on-fatal,
-the exporter and entrypoint.sh."""
+where its parent allows, and names one it cannot use with a line naming the setting and the fix, never a
+traceback. The server (launch --serve) refuses it with exit 3; what runs under supervisord before it (launch
+--supervisor-env and --prepare, the lifecycle listener, the exporter) falls back to glm5.toml's folder, so the
+failure is recorded and scraped there, and exits 3 only when that one cannot be used either. Each writer is run
+as its executable; the fallback inside bubblewrap, so that nothing is made on this host's /run or /var/log."""
 
 from __future__ import annotations
 
@@ -14,19 +16,22 @@ import pytest
 
 from common.report import INVALID_SETTING
 from conftest import ROOT, appeared, image_folders, kit_env
-from entrypoint import state
+from entrypoint import lifecycle, settings, state
+from helpers.sandbox import NEEDS_BWRAP, sandbox, with_image_folders
 from helpers.unprivileged import reachable_copy
 
 WRITERS = {
     "launch --prepare": ["entrypoint/launch", "--prepare"],
-    "launch --serve": ["entrypoint/launch", "--serve"],
     "launch --supervisor-env": ["entrypoint/launch", "--supervisor-env"],
-    "on-fatal": ["entrypoint/on-fatal"],
+    "lifecycle": ["entrypoint/lifecycle"],
     "exporter": ["monitoring/exporter", "--once"],
 }
+SERVE = ["entrypoint/launch", "--serve"]
 
 
-def run(argv: list[str], root: Path = ROOT, prefix: tuple[str, ...] = (), **env: str) -> subprocess.CompletedProcess[str]:
+def run(
+    argv: list[str], root: Path = ROOT, prefix: tuple[str, ...] = (), **env: str
+) -> subprocess.CompletedProcess[str]:
     full = kit_env(GLM5_SKIP_PREFLIGHT="all", GLM5_SERVER_PROGRAM="true") | env
     return subprocess.run(
         [*prefix, str(root / argv[0]), *argv[1:]],
@@ -53,20 +58,65 @@ def test_a_missing_folder_is_created_where_its_parent_allows(tmp_path: Path) -> 
         assert folder.is_dir()
 
 
-@pytest.mark.parametrize("writer", sorted(WRITERS))
 @pytest.mark.parametrize("name", sorted(state.FOLDERS))
-def test_every_writer_refuses_a_folder_under_a_regular_file(tmp_path: Path, writer: str, name: str) -> None:
+def test_the_server_refuses_a_folder_under_a_regular_file(tmp_path: Path, name: str) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder\n")
     folder = blocker / "glm5"  # NotADirectoryError before this check
-    refused(run(WRITERS[writer], **{name: str(folder)}), name, folder)
+    refused(run(SERVE, **{name: str(folder)}), name, folder)
 
 
 @pytest.mark.parametrize("name", sorted(state.FOLDERS))
-def test_a_regular_file_in_the_folders_place_is_refused(tmp_path: Path, name: str) -> None:
+def test_the_server_refuses_a_regular_file_in_the_folders_place(tmp_path: Path, name: str) -> None:
     folder = tmp_path / "glm5"
     folder.write_text("not a folder\n")
-    refused(run(WRITERS["launch --prepare"], **{name: str(folder)}), name, folder)
+    refused(run(SERVE, **{name: str(folder)}), name, folder)
+
+
+@NEEDS_BWRAP
+@pytest.mark.boots
+@pytest.mark.parametrize("writer", sorted(WRITERS))
+@pytest.mark.parametrize("name", sorted(state.FOLDERS))
+def test_with_no_usable_fallback_every_writer_refuses_naming_both(
+    tmp_path: Path, writer: str, name: str
+) -> None:
+    """In a read-only root without the image's folders: the folder set and glm5.toml's are both named."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder\n")
+    folder = blocker / "glm5"
+    done = run(WRITERS[writer], prefix=sandbox(ROOT, ("rw", tmp_path)), **{name: str(folder)})
+    refused(done, name, folder)
+    default = settings.declarations()[name].default
+    assert f"{name}={default}: cannot create it or write to it" in done.stderr
+
+
+@NEEDS_BWRAP
+@pytest.mark.boots
+@pytest.mark.parametrize("name", sorted(state.FOLDERS))
+def test_supervisord_is_given_the_images_folder_when_the_one_set_is_unusable(
+    tmp_path: Path, name: str
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder\n")
+    wrapper = with_image_folders(sandbox(ROOT, ("rw", tmp_path)), tmp_path, image_folders())
+    done = run(WRITERS["launch --supervisor-env"], prefix=wrapper, **{name: str(blocker / "glm5")})
+    assert done.returncode == 0, done.stderr
+    key = f"SV_{state.FOLDERS[name].upper()}"
+    assert f"{key}={settings.declarations()[name].default}" in done.stdout.splitlines()
+
+
+def test_an_invalid_setting_gives_supervisord_its_default_and_preflight_records_it(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    env = {"GLM5_STATE_DIR": str(run_dir), "GLM5_START_RETRIES": "many", "GLM5_DRAIN_SECONDS": "7"}
+    lines = run(WRITERS["launch --supervisor-env"], **env).stdout.splitlines()
+    assert f"SV_START_RETRIES={settings.declarations()['GLM5_START_RETRIES'].default}" in lines
+    assert "SV_DRAIN_SECONDS=7" in lines and f"SV_STATE_DIR={run_dir}" in lines  # the valid ones as set
+    done = run(WRITERS["launch --prepare"], **env)
+    assert done.returncode == INVALID_SETTING and "GLM5_START_RETRIES" in done.stderr
+    failed = state.read_failed(run_dir)
+    assert (
+        failed is not None and failed["code"] == INVALID_SETTING and "GLM5_START_RETRIES" in failed["reason"]
+    )
 
 
 def test_launch_prepare_creates_both_folders_and_records_there(tmp_path: Path) -> None:
@@ -77,30 +127,57 @@ def test_launch_prepare_creates_both_folders_and_records_there(tmp_path: Path) -
     assert (run_dir / state.DOCTOR).is_file() and log_dir.is_dir()
 
 
-def test_on_fatal_creates_a_missing_state_folder_before_it_records(tmp_path: Path) -> None:
-    run_dir = tmp_path / "gone" / "run"
-    event = "processname:sglang groupname:sglang from_state:BACKOFF pid:1"
-    header = f"ver:3.0 server:supervisor serial:1 pool:fatal poolserial:1 eventname:PROCESS_STATE_FATAL len:{len(event)}\n"
-    listener = subprocess.Popen(  # under a shell that ignores the SIGTERM on-fatal sends its parent (supervisord)
-        ["bash", "-c", 'trap "" TERM; "$0"; :', str(ROOT / "entrypoint/on-fatal")],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=kit_env(GLM5_STATE_DIR=str(run_dir)),
-    )
-    assert listener.stdin is not None and listener.stdout is not None
-    assert listener.stdout.readline() == "READY\n"
-    listener.stdin.write(header + event)
-    listener.stdin.flush()
-    assert listener.stdout.read(len("RESULT 2\nOK")) == "RESULT 2\nOK"
-    listener.kill()
-    listener.wait()
-    failed = state.read_failed(run_dir)
-    assert failed is not None and failed["code"] == 70
+class FakeSupervisor:
+    """Records what the lifecycle listener asks of supervisord's XML-RPC (startProcess, getProcessInfo, shutdown)."""
+
+    def __init__(self, exitstatus: int = 0) -> None:
+        self.calls: list[str] = []
+        self.exitstatus = exitstatus
+
+    def startProcess(self, name: str, wait: bool) -> bool:
+        self.calls.append(f"start {name}")
+        return True
+
+    def getProcessInfo(self, name: str) -> dict[str, int]:
+        return {"exitstatus": self.exitstatus}
+
+    def shutdown(self) -> bool:
+        self.calls.append("shutdown")
+        return True
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root to drop to UID 1000")
+def folders(tmp: Path) -> dict[str, str]:
+    return {"GLM5_STATE_DIR": str(tmp / "gone" / "run"), "GLM5_LOG_DIR": str(tmp / "log")}
+
+
+def test_the_listener_records_a_fatal_server_in_a_state_folder_it_made(tmp_path: Path) -> None:
+    values, problems = state.supervised(folders(tmp_path))
+    assert problems == [] and (tmp_path / "gone" / "run").is_dir()
+    rpc = FakeSupervisor()
+    lifecycle.on_event("PROCESS_STATE_FATAL", {"processname": "sglang"}, values, rpc)
+    failed = state.read_failed(values["state_dir"])
+    assert failed is not None and failed["code"] == 70 and rpc.calls == []  # GLM5_ON_FAILURE=wait: stays up
+    lifecycle.on_event("PROCESS_STATE_FATAL", {"processname": "sglang"}, values | {"on_failure": "exit"}, rpc)
+    assert rpc.calls == ["shutdown"]
+
+
+def test_the_listener_starts_the_server_only_after_preflight_passed(tmp_path: Path) -> None:
+    values, _ = state.supervised(folders(tmp_path))
+    rpc = FakeSupervisor(exitstatus=31)
+    lifecycle.on_event("PROCESS_STATE_EXITED", {"processname": "exporter", "expected": "1"}, values, rpc)
+    assert rpc.calls == []
+    lifecycle.on_event("PROCESS_STATE_EXITED", {"processname": "preflight", "expected": "0"}, values, rpc)
+    failed = state.read_failed(
+        values["state_dir"]
+    )  # preflight died before recording: its code, where to look
+    assert rpc.calls == [] and failed is not None and failed["code"] == 31
+    lifecycle.on_event("PROCESS_STATE_EXITED", {"processname": "preflight", "expected": "1"}, values, rpc)
+    assert rpc.calls == ["start sglang"]
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root to drop to UID 1000"
+)
 @pytest.mark.parametrize("name", sorted(state.FOLDERS))
 def test_a_folder_the_user_cannot_write_is_refused(tmp_path: Path, name: str) -> None:
     """As the image's UID 1000 (root writes anywhere): a folder owned by root, mode 0755."""
@@ -112,7 +189,7 @@ def test_a_folder_the_user_cannot_write_is_refused(tmp_path: Path, name: str) ->
         home = {"HOME": str(copy), "GLM5_STATE_DIR": str(copy / "run"), "GLM5_LOG_DIR": str(copy / "log")}
         (copy / "run").mkdir(mode=0o777)
         (copy / "log").mkdir(mode=0o777)
-        done = run(WRITERS["launch --prepare"], copy, prefix, **(home | {name: str(folder)}))
+        done = run(SERVE, copy, prefix, **(home | {name: str(folder)}))
         refused(done, name, folder)
         assert "as UID 1000" in done.stderr
     finally:
@@ -127,3 +204,10 @@ def test_the_run_check_names_an_image_folder_that_appeared(tmp_path: Path) -> No
     was_absent.mkdir()
     assert appeared([was_absent, stays_absent]) == [was_absent]
     assert [str(f) for f in image_folders()] == ["/run/glm5", "/var/log/glm5"]
+
+
+def test_a_state_folder_too_long_for_supervisords_socket_is_named(tmp_path: Path) -> None:
+    folder = tmp_path / ("x" * (state.SOCKET_PATH_MAX - len(str(tmp_path)) - len(state.SOCKET)))
+    problem = state.folder_problem("GLM5_STATE_DIR", folder)
+    assert problem is not None and "too long for supervisord's socket" in str(problem)
+    assert state.folder_problem("GLM5_STATE_DIR", folder.with_name("short")) is None

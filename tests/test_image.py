@@ -34,7 +34,7 @@ SHELL_SCRIPTS = [
     "gateway/launch",
     "entrypoint/download",
     "entrypoint/launch",
-    "entrypoint/on-fatal",
+    "entrypoint/lifecycle",
     "healthcheck/healthcheck",
     "image/assert-versions",
     "monitoring/exporter",

@@ -1,5 +1,9 @@
 """kernels/: the SM120 module list against the pinned SGLang and FlashInfer sources, kernels/build's checks, and one
-real compile (the list's CI part, with nvcc 13.0 from ci/cuda-toolkit) that the sealed runtime then loads."""
+real compile (the list's CI part, with nvcc 13.0 from ci/cuda-toolkit) that the sealed runtime then loads.
+
+The compile's tests (marked `compile`) read what the image build compiled when ci/build-image runs them
+(KERNELS_FROM_IMAGE: the image's prebuilt folder, its /tmp and its build log), so CI compiles the module once;
+`ci/test -m compile` compiles it here instead. ci/test leaves them out."""
 
 from __future__ import annotations
 
@@ -287,6 +291,9 @@ def test_the_ci_toolkit_is_the_devel_layout_kernels_build_accepts() -> None:
 # One real compile: the list's CI part, with nvcc 13.0, into a patched copy of the pinned FlashInfer.
 
 
+FROM_IMAGE = os.environ.get("KERNELS_FROM_IMAGE", "")  # set by ci/build-image: what its kernels step made
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     site = copy_flashinfer(tmp_path_factory.mktemp("kernels") / "site")
@@ -308,6 +315,11 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "HOME": str(home),
         SETTING: "ci",
     }
+    if FROM_IMAGE:  # the image's build: its prebuilt folder, what its kernels step left in /tmp and ~/.cache
+        image = Path(FROM_IMAGE)
+        shutil.copytree(image / "aot", site / "flashinfer" / "data" / "aot", dirs_exist_ok=True)
+        stderr = (image / "build.log").read_text(errors="replace")
+        return {"site": site, "env": env, "stderr": stderr, "scratch": image / "tmp", "home": image / "home"}
     done = subprocess.run(
         [str(ROOT / "kernels" / "build")], capture_output=True, text=True, env=env, timeout=900
     )
@@ -325,6 +337,8 @@ def run_verify(built: dict[str, Any], *args: str) -> subprocess.CompletedProcess
     )
 
 
+@pytest.mark.compile
+@pytest.mark.compile
 def test_the_build_installs_into_flashinfers_prebuilt_folder_and_records_it(built: dict[str, Any]) -> None:
     aot = built["site"] / "flashinfer" / "data" / "aot"
     record = json.loads((aot / RECORD_NAME).read_text())
@@ -341,6 +355,7 @@ def test_the_build_installs_into_flashinfers_prebuilt_folder_and_records_it(buil
     assert re.search(r"fp4_quantization_120f \[\d+/\d+ [\d.]+s\] ", built["stderr"]), "progress per compile"
 
 
+@pytest.mark.compile
 def test_the_sealed_runtime_loads_what_was_built_and_would_compile_only_the_rest(
     built: dict[str, Any],
 ) -> None:
@@ -360,6 +375,8 @@ def test_the_sealed_runtime_loads_what_was_built_and_would_compile_only_the_rest
     assert run_verify(built, "--require-all").returncode == 1
 
 
+@pytest.mark.compile
+@pytest.mark.compile
 def test_verify_seals_off_nvcc_even_when_the_image_has_it_on_path(built: dict[str, Any]) -> None:
     sealed = verify.sealed_env(built["env"], KERNELS.arch_list, "/nonexistent")
     assert shutil.which("nvcc", path=sealed["PATH"]) is None
@@ -367,6 +384,7 @@ def test_verify_seals_off_nvcc_even_when_the_image_has_it_on_path(built: dict[st
     assert "CUDA_HOME" not in sealed and sealed["FLASHINFER_DISABLE_JIT"] == "1"
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("breakage", ["changed", "stray", "no_record"])
 def test_verify_fails_on_a_changed_module_a_stray_one_or_no_record(
     built: dict[str, Any], breakage: str
@@ -399,6 +417,8 @@ def test_verify_fails_on_a_changed_module_a_stray_one_or_no_record(
     assert run_verify(built).returncode == 0
 
 
+@pytest.mark.compile
+@pytest.mark.compile
 def test_the_doctor_reads_the_real_record(built: dict[str, Any], tmp_path: Path) -> None:
     """What the image's kernels step writes is what the doctor's kernels check reads (the Dockerfile copies it)."""
     from entrypoint import doctor

@@ -244,11 +244,7 @@ def test_exporter_reports_a_recorded_failure_by_its_exit_code_not_as_a_hang(tmp_
     m = scrape_once(run, GLM5_STALL_SECONDS="1800")
     assert phase_of(m) == "failed" and m["glm5_start_failure_code"] == {(): 31}
     assert m["glm5_start_hung"] == {(): 0} and "glm5_start_progress_age_seconds" not in m
-    full = (
-        kit_env()
-        | run
-        | {"GLM5_STALL_SECONDS": "1800"}
-    )
+    full = kit_env() | run | {"GLM5_STALL_SECONDS": "1800"}
     live = subprocess.run(
         [str(ROOT / "healthcheck" / "healthcheck"), "--live"], env=full, capture_output=True, text=True
     )

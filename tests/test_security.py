@@ -5,41 +5,24 @@ double under a read-only root (bubblewrap) with only the paths docker-compose.ym
 from __future__ import annotations
 
 import json
-import shutil
-import signal
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 import yaml
 
 from conftest import ROOT
 from entrypoint import settings
 from helpers import k8s
-from helpers.container import Container, free_port, start
+from helpers.container import Container, free_port, start, stop_inside
+from helpers.sandbox import NEEDS_BWRAP, sandbox
 
 CHECKOV = ROOT / ".venv-checkov" / "bin" / "checkov"
 
 
-def bwrap_works() -> bool:
-    """bubblewrap installed and allowed to make a sandbox (root, or user namespaces allowed: Ubuntu 24.04's AppArmor
-    refuses them to a plain user, as on hosted runners)."""
-    if shutil.which("bwrap") is None:
-        return False
-    done = subprocess.run(
-        ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "true"], capture_output=True, check=False
-    )
-    return done.returncode == 0
-
-
-NEEDS_BWRAP = pytest.mark.skipif(
-    not bwrap_works(),
-    reason="bubblewrap cannot make a sandbox here (not installed, or user namespaces refused)",
-)
 OVERLAYS = ("k8s/base", "k8s/overlays/gateway", "k8s/overlays/monitoring", "k8s/overlays/gateway-monitoring")
 CONFIG = settings.load_config()
 DEPLOYMENT = CONFIG["deployment"]
@@ -274,15 +257,6 @@ def test_the_server_service_writes_only_where_the_pod_does() -> None:
     assert set(writable(services()["glm5"])) | {"/dev/shm"} == mounts
 
 
-def sandbox(root: Path, *binds: tuple[str, Path]) -> tuple[str, ...]:
-    """bubblewrap: a read-only root, an empty /tmp, the checkout read-only, then each (mode, path): ro or rw."""
-    argv = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
-    argv += ["--ro-bind", str(root), str(root), "--die-with-parent"]
-    for mode, path in binds:
-        argv += ["--ro-bind" if mode == "ro" else "--bind", str(path), str(path)]
-    return tuple(argv)
-
-
 def bwrap_for(tmp: Path, service: dict[str, Any], root: Path) -> tuple[list[str], dict[str, str]]:
     """bubblewrap with a read-only root and only the service's writable paths writable, each aimed at a folder of the
     test through the setting that names it; a path the test cannot aim fails it."""
@@ -304,15 +278,6 @@ def bwrap_for(tmp: Path, service: dict[str, Any], root: Path) -> tuple[list[str]
         binds.append(("rw", folder))
         env[aims[path]] = str(folder)
     return list(sandbox(root, *binds)), env
-
-
-def stop_inside(c: Container) -> int:
-    """SIGTERM to the entrypoint inside the sandbox (bubblewrap passes no signal on), then bubblewrap's exit code."""
-    bwrap = psutil.Process(c.target.proc.pid)  # type: ignore[union-attr]
-    inside = [p for p in bwrap.children(recursive=True) if "entrypoint.sh" in " ".join(p.cmdline())]
-    assert inside, "the entrypoint is not running inside the sandbox"
-    inside[0].send_signal(signal.SIGTERM)
-    return int(c.target.proc.wait(timeout=60))  # type: ignore[union-attr]
 
 
 @NEEDS_BWRAP

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.request
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, kit_env
 from helpers.container import Container, start
 
 CONF = ROOT / "entrypoint" / "supervisord.conf"
@@ -71,7 +72,7 @@ def test_sigterm_drain_is_bounded(tmp_path: Path, containers: list[Container]) -
     assert c.leftovers() == []
 
 
-def test_preflight_failure_stops_before_supervisord(tmp_path: Path, containers: list[Container]) -> None:
+def test_preflight_failure_starts_no_server(tmp_path: Path, containers: list[Container]) -> None:
     c = start(
         tmp_path,
         GLM5_SKIP_PREFLIGHT="gpu,shm,flashinfer,flags",
@@ -113,19 +114,17 @@ def test_supervisord_reads_every_key_in_the_config(tmp_path: Path, monkeypatch: 
         return original(self, section, option, *a, **kw)
 
     monkeypatch.setattr(options.UnhosedConfigParser, "get", recording)
-    for key in ("LOG_DIR", "STATE_DIR"):
-        (tmp_path / key).mkdir()
-        monkeypatch.setenv(f"GLM5_{key}", str(tmp_path / key))
-    for key, value in {
-        "HOME": "/opt/glm5",
-        "START_SECONDS": "5",
-        "START_RETRIES": "2",
-        "DRAIN_SECONDS": "3",
-        "EXPORTER_PORT": "30090",
-    }.items():
-        monkeypatch.setenv(f"GLM5_{key}", value)
-    monkeypatch.setenv("GLM5_LOG_MAX_BYTES", "1000")
-    monkeypatch.setenv("GLM5_LOG_BACKUPS", "2")
+    # The environment entrypoint.sh gives supervisord: launch --supervisor-env's lines, and GLM5_HOME.
+    lines = subprocess.run(
+        [str(ROOT / "entrypoint/launch"), "--supervisor-env"],
+        env=kit_env(GLM5_LOG_MAX_BYTES="1048576", GLM5_LOG_BACKUPS="2"),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    monkeypatch.setenv("GLM5_HOME", "/opt/glm5")
+    for line in lines:
+        monkeypatch.setenv(*line.split("=", 1))
     options.ServerOptions().realize(args=["-c", str(CONF)])
     options.ClientOptions().realize(args=["-c", str(CONF)])
     parser = configparser.RawConfigParser(inline_comment_prefixes=(";", "#"), strict=False)
@@ -144,10 +143,10 @@ def test_drain_bound_matches_the_configuration() -> None:
     parser = configparser.RawConfigParser(inline_comment_prefixes=(";",), strict=False)
     parser.read(CONF)
     program = parser["program:sglang"]
-    assert program["stopwaitsecs"] == "%(ENV_GLM5_DRAIN_SECONDS)s"
+    assert program["stopwaitsecs"] == "%(ENV_SV_DRAIN_SECONDS)s"
     # SIGTERM to the server alone (it drains and stops its schedulers), the group killed only at the bound.
     assert program["stopasgroup"] == "false" and program["killasgroup"] == "true"
-    assert program["stdout_logfile_maxbytes"] == "%(ENV_GLM5_LOG_MAX_BYTES)s"
+    assert program["stdout_logfile_maxbytes"] == "%(ENV_SV_LOG_MAX_BYTES)s"
 
 
 def test_serve_takes_no_arguments(tmp_path: Path) -> None:
@@ -168,8 +167,9 @@ def test_serve_takes_no_arguments(tmp_path: Path) -> None:
 
 def test_paths_with_spaces(tmp_path: Path, containers: list[Container]) -> None:
     """Log and state folders with spaces: supervisord's commands, the log tail and the probe cope."""
-    home = tmp_path / "a folder with spaces"
-    home.mkdir()
+    home = Path(
+        tempfile.mkdtemp(prefix="a folder with spaces ")
+    )  # short: supervisord's socket path has a limit
     c = start(home)
     containers.append(c)
     c.wait_healthy()
@@ -251,9 +251,10 @@ def test_a_stop_during_preflight_is_prompt(tmp_path: Path, containers: list[Cont
         time.sleep(0.1)
     began = time.monotonic()
     c.proc.send_signal(signal.SIGTERM)
-    assert c.proc.wait(timeout=10) == 0
-    assert time.monotonic() - began < 5
-    assert "stopped before the server started" in c.entrypoint_output.read_text()
+    assert c.proc.wait(timeout=15) == 0
+    # Not the 60 s of the hung nvidia-smi: supervisord stops its programs one priority at a time (about a second each)
+    assert time.monotonic() - began < 10
+    assert "spawned: 'sglang'" not in c.entrypoint_output.read_text()  # the server never started
     assert not c.log.exists() and c.leftovers() == []
 
 
@@ -301,16 +302,6 @@ def readiness_ok_with_key(port: int, key: str) -> bool:
     )
     with urllib.request.urlopen(request, timeout=10) as response:
         return bool(response.status == 200)
-
-
-def test_an_unwritable_log_dir_is_named_with_its_fix(tmp_path: Path, containers: list[Container]) -> None:
-    blocker = tmp_path / "not-a-dir"
-    blocker.write_text("")
-    c = start(tmp_path, GLM5_LOG_DIR=str(blocker / "log"))
-    containers.append(c)
-    assert c.proc.wait(timeout=30) == 3
-    out = c.entrypoint_output.read_text()
-    assert f"GLM5_LOG_DIR={blocker / 'log'}: cannot create it" in out and "mount a writable folder" in out
 
 
 def probe_json(c: Container, *args: str) -> tuple[int, dict[str, Any]]:

@@ -6,6 +6,7 @@ A thin layer over ci/readiness.py's Local target, so the tests boot and wait exa
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 from dataclasses import dataclass
@@ -105,3 +106,12 @@ def start(tmp: Path, mode: str = "ok", wrapper: tuple[str, ...] = (), **env: str
     target = readiness.Local(conn, full, tmp / "entrypoint.out", stop_timeout=20, wrapper=wrapper)
     target.boot({})
     return Container(target, port, tmp)
+
+
+def stop_inside(c: Container) -> int:
+    """SIGTERM to the entrypoint inside the sandbox (bubblewrap passes no signal on), then bubblewrap's exit code."""
+    bwrap = psutil.Process(c.target.proc.pid)  # type: ignore[union-attr]
+    inside = [p for p in bwrap.children(recursive=True) if "entrypoint.sh" in " ".join(p.cmdline())]
+    assert inside, "the entrypoint is not running inside the sandbox"
+    inside[0].send_signal(signal.SIGTERM)
+    return int(c.target.proc.wait(timeout=60))  # type: ignore[union-attr]

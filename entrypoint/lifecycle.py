@@ -1,0 +1,95 @@
+"""supervisord event listener, the one place that decides what follows what under the one supervisor:
+preflight passed, so start the server (over supervisord's XML-RPC); preflight failed, or the server went FATAL
+(its starts kept failing), so record why (failed.json; entrypoint/state.py) and stay up showing it, supervisord
+and the exporter running (GLM5_ON_FAILURE=wait), or shut supervisord down (exit), after which entrypoint.sh exits
+with the recorded code. Speaks the listener protocol on stdout (supervisor.childutils); logs go to stderr."""
+
+from __future__ import annotations
+
+import os
+import sys
+import xmlrpc.client
+from pathlib import Path
+from typing import Any, Protocol
+
+from supervisor import childutils
+
+from common.report import FAILED, FATAL, Log, Problems
+from entrypoint import state
+from healthcheck import logscan, phase
+
+PREFLIGHT, SERVER = "preflight", "sglang"  # the program names in supervisord.conf
+LOG = Log("glm5-serve")
+
+
+class Supervisor(Protocol):
+    """What this listener asks of supervisord's XML-RPC interface (its `supervisor` namespace, its names)."""
+
+    def startProcess(self, name: str, wait: bool) -> bool: ...
+    def getProcessInfo(self, name: str) -> dict[str, Any]: ...
+    def shutdown(self) -> bool: ...
+
+
+def last_failure(log_dir: str) -> str:
+    """Why the last start failed, as the healthcheck reads it from the server log."""
+    try:
+        scan = logscan.scan(logscan.read_tail(Path(log_dir) / state.SERVER_LOG))
+    except OSError:
+        return "no server log"
+    return phase.explain_failure(scan) if scan.failure else "it exited without a failure line in the log"
+
+
+def on_event(name: str, event: dict[str, str], values: dict[str, Any], rpc: Supervisor) -> None:
+    process = event.get("processname")
+    if name == "PROCESS_STATE_EXITED" and process == PREFLIGHT:
+        if event.get("expected") == "1":
+            rpc.startProcess(SERVER, False)
+            return
+        code = int(rpc.getProcessInfo(PREFLIGHT).get("exitstatus") or FAILED)
+        recorded = state.read_failed(values["state_dir"])
+        if (
+            recorded is None
+        ):  # it died before it could say why (a traceback, a kill): its code, and where to look
+            state.write_failed(
+                values["state_dir"], code, f"preflight exited {code}; its lines are above in the log"
+            )
+        give_up(code, values, rpc)
+    elif name == "PROCESS_STATE_FATAL" and process == SERVER:
+        reason = f"{SERVER} went FATAL: it exited during start more than GLM5_START_RETRIES times"
+        state.write_failed(
+            values["state_dir"], FATAL, f"{reason}; the last start: {last_failure(values['log_dir'])}"
+        )
+        LOG.error(f"{reason} (see server.log)")
+        give_up(FATAL, values, rpc)
+
+
+def give_up(code: int, values: dict[str, Any], rpc: Supervisor) -> None:
+    if values["on_failure"] == "exit":
+        LOG.error(f"failed (exit code {code}): stopping the container (GLM5_ON_FAILURE=exit)")
+        rpc.shutdown()
+        return
+    LOG.error(
+        f"failed (exit code {code}): staying up to show why (healthcheck --status, the exporter, "
+        f"{state.path(values['state_dir'], state.FAILED)}); fix the cause, then restart the container "
+        "(GLM5_ON_FAILURE=exit exits instead)"
+    )
+
+
+def main() -> int:
+    try:
+        values, _problems = state.supervised(os.environ)  # what preflight recorded failed.json under
+    except Problems as err:
+        return LOG.problems(err.problems)
+    rpc = childutils.getRPCInterface(os.environ).supervisor
+    while True:
+        headers, payload = childutils.listener.wait(sys.stdin, sys.stdout)
+        event, _data = childutils.eventdata(payload + "\n")
+        try:
+            on_event(headers["eventname"], event, values, rpc)
+        except (xmlrpc.client.Fault, OSError) as err:  # supervisord shutting down: nothing is left to start
+            LOG.warning(f"{headers['eventname']} of {event.get('processname')}: supervisord refused: {err}")
+        childutils.listener.ok(sys.stdout)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
