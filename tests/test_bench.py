@@ -16,6 +16,8 @@ from conftest import ROOT
 from entrypoint import config
 from helpers.container import Container, environment, free_port, start
 
+pytestmark = pytest.mark.boots  # boots processes or runs real tools: not in ci/test --fast
+
 BENCH = ROOT / "ci" / "bench"
 BENCH_PYTHON = ROOT / ".venv-bench" / "bin" / "python"
 FIXTURES = ROOT / "tests" / "fixtures" / "bench"

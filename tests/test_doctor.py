@@ -169,6 +169,7 @@ def test_mig_on_any_gpu_fails_with_the_fix(tmp_path: Path) -> None:
     assert mig["fix"].startswith("on the host: sudo nvidia-smi -i 0,1,2,3 -mig 0")
 
 
+@pytest.mark.boots
 def test_a_slot_that_cannot_train_gen5_x16_is_a_warning_not_the_idle_link(tmp_path: Path) -> None:
     # Every card idles at Gen1 (pcie.link.gen.current 1, as the real -q shows): never the test.
     code, report = run_doctor(tmp_path, gpus(pcie__link__gen__hostmax=lambda i: "4" if i == 3 else "5",
@@ -181,6 +182,7 @@ def test_a_slot_that_cannot_train_gen5_x16_is_a_warning_not_the_idle_link(tmp_pa
     assert by_name(idle_only)["pcie_link"]["status"] == "pass"
 
 
+@pytest.mark.boots
 def test_pairs_without_p2p_are_named(tmp_path: Path) -> None:
     files = {
         "topo -m": FIX / "topo-m-2x-rtx-pro-6000-ws-phb.txt",
@@ -194,6 +196,7 @@ def test_pairs_without_p2p_are_named(tmp_path: Path) -> None:
     assert code == 1
 
 
+@pytest.mark.boots
 def test_acs_redirect_above_the_gpus_and_a_translating_iommu_are_warnings(tmp_path: Path) -> None:
     lspci = FIX / "lspci-pex890xx-switch-port-above-rtx-pro-6000-acs-on.txt"
     _, report = run_doctor(
@@ -208,6 +211,7 @@ def test_acs_redirect_above_the_gpus_and_a_translating_iommu_are_warnings(tmp_pa
     assert by_name(off)["iommu"]["status"] == "pass"
 
 
+@pytest.mark.boots
 def test_power_capped_is_a_warning_and_max_q_is_reported_not_failed(tmp_path: Path) -> None:
     capped = gpus(enforced__power__limit=lambda i: "450.00 W" if i == 2 else "600.00 W")
     _, report = run_doctor(tmp_path, capped, GOOD_FILES)
@@ -221,6 +225,7 @@ def test_power_capped_is_a_warning_and_max_q_is_reported_not_failed(tmp_path: Pa
     assert "unknown until measured" in power["detail"]
 
 
+@pytest.mark.boots
 def test_unreadable_is_unknown_never_a_crash(tmp_path: Path) -> None:
     code, report = run_doctor(tmp_path, [], {}, cmdline="", iommu_units=())
     checks = by_name(report)
@@ -232,6 +237,7 @@ def test_unreadable_is_unknown_never_a_crash(tmp_path: Path) -> None:
     assert code == 1
 
 
+@pytest.mark.boots
 def test_the_real_h200_device_outputs_parse(tmp_path: Path) -> None:
     """This project's own run on two NVLink H200s (h200x2-device/): ANSI escapes, NV18, [N/A] host max."""
     rows = [ln.split(", ") for ln in (DEVICE / "query-gpu.csv").read_text().splitlines()]
@@ -286,6 +292,7 @@ def prepare_with_box(
     )
 
 
+@pytest.mark.boots
 def test_preflight_stops_on_the_doctors_failures_and_records_its_warnings(tmp_path: Path) -> None:
     from entrypoint import preflight, state
 
@@ -303,6 +310,7 @@ def test_preflight_stops_on_the_doctors_failures_and_records_its_warnings(tmp_pa
     assert state.read_failed(tmp_path / "run")["code"] == preflight.GPU_MIG
 
 
+@pytest.mark.boots
 def test_the_allreduce_refuses_without_two_gpus_and_parses_sizes() -> None:
     from entrypoint import allreduce
 
@@ -331,6 +339,7 @@ def test_every_real_topology_matrix_is_read(tmp_path: Path, fixture: str) -> Non
     ), found
 
 
+@pytest.mark.boots
 def test_an_image_built_without_its_kernels_warns_what_a_start_will_compile(tmp_path: Path) -> None:
     code, report = run_doctor(tmp_path, gpus(), GOOD_FILES, kernels=kernels_record((), "none"))
     kernels = by_name(report)["kernels"]

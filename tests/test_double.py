@@ -59,6 +59,7 @@ def real() -> dict[str, Any]:
     return oracles.ask(ORACLE, {"decode": DECODE_CASES, "prefill": PREFILL_CASES})
 
 
+@pytest.mark.boots
 def test_oracle_is_sglang_0_5_23(real: dict[str, Any]) -> None:
     assert real["version"] == "0.5.23"
 

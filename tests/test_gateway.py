@@ -21,6 +21,8 @@ from conftest import ROOT
 from helpers.container import Container, free_port, start
 from helpers.gateway import KEY, Gateway, chat
 
+pytestmark = pytest.mark.boots  # boots processes or runs real tools: not in ci/test --fast
+
 PREFIX = "You are the support assistant of a large shipping company. " * 40  # ~2400 characters
 
 

@@ -78,6 +78,7 @@ def write_partial(tmp_path: Path, text: str) -> Path:
     return log
 
 
+@pytest.mark.boots
 def test_phases_as_the_log_grows(tmp_path: Path) -> None:
     full = (LOGS / "glm5-serve-restart-after-failure.log").read_text()
     second = full.index("===== glm5-serve: server start #2")
@@ -187,6 +188,7 @@ def run_dir(tmp_path: Path, fixture: str, start: int | None = None, pid: int | N
     return {"GLM5_LOG_DIR": str(tmp_path / "log"), "GLM5_STATE_DIR": str(tmp_path / "run")}
 
 
+@pytest.mark.boots
 def test_ready_needs_health_200(tmp_path: Path, health_server: str) -> None:
     env = run_dir(tmp_path, "sglang-0.5.23-rendered-from-source.log", start=1, pid=os.getpid())
     Health.status = 503
@@ -198,6 +200,7 @@ def test_ready_needs_health_200(tmp_path: Path, health_server: str) -> None:
     assert (code, state["phase"], state["http"]) == (0, "ready", 200)
 
 
+@pytest.mark.boots
 def test_liveness_fails_only_for_what_a_restart_can_clear(tmp_path: Path) -> None:
     """A slow start passes; so do a dead start or a capture that ran out of memory (supervisord restarts the server
     in place, or the container waits in failed): restarting the container would only reload the weights. A hang
@@ -220,6 +223,7 @@ def test_timeout_under_three_seconds_is_refused() -> None:
     assert done.returncode == 2 and "use 3 s or more" in done.stderr
 
 
+@pytest.mark.boots
 def test_a_long_running_server_stays_ready_past_the_tail_window(tmp_path: Path, health_server: str) -> None:
     env = run_dir(tmp_path, "sglang-0.5.23-rendered-from-source.log", start=1, pid=os.getpid())
     Health.status = 200
@@ -233,6 +237,7 @@ def test_a_long_running_server_stays_ready_past_the_tail_window(tmp_path: Path, 
     assert (code, state["phase"], state["decode_captured"]) == (0, "ready", 52)
 
 
+@pytest.mark.boots
 def test_one_probe_on_a_1gb_log_is_cheap(tmp_path: Path) -> None:
     log = tmp_path / "server.log"
     head = (LOGS / "sglang-0.5.23-rendered-from-source.log").read_bytes()

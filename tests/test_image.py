@@ -56,6 +56,7 @@ def tool(name: str) -> str:
     return str(path) if path.exists() else name
 
 
+@pytest.mark.boots
 def test_hadolint_passes() -> None:
     done = run(tool("hadolint"), "Dockerfile")
     assert done.returncode == 0, done.stdout + done.stderr
@@ -105,6 +106,7 @@ def kustomized(folder: Path = ROOT / "k8s" / "base") -> str:
     return k8s.kustomized(folder)
 
 
+@pytest.mark.boots
 def test_kubernetes_manifests_validate_strictly(tmp_path: Path) -> None:
     """What `kubectl apply -k k8s/base` applies: every object, after kustomize, passes the strict validator."""
     built = tmp_path / "k8s.yaml"
@@ -204,6 +206,7 @@ def test_dockerignore_keeps_the_context_small() -> None:
         assert f"!{src}" in lines, f"{src} is copied but excluded from the context"
 
 
+@pytest.mark.boots
 def test_github_workflows_validate() -> None:
     workflows = sorted(str(p) for p in (ROOT / ".github/workflows").glob("*.yml"))
     assert len(workflows) == 2
@@ -301,6 +304,7 @@ def test_jit_caches_are_keyed_by_the_image_build(tmp_path: Path) -> None:
         assert f"{name}=" not in (ROOT / "Dockerfile").read_text(), name
 
 
+@pytest.mark.boots
 def test_every_jit_cache_follows_the_keyed_folder_in_real_sglang() -> None:
     """With the server's environment as launch sets it, the real sglang 0.5.23 points Triton, TorchInductor,
     CUDA's own, TileLang, FlashInfer and DeepGEMM under the build's folder on the cache volume (import sglang runs
@@ -339,6 +343,7 @@ def gateway_launch(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.boots
 def test_the_gateway_overlay_runs_replicas_one_per_node_behind_the_gateway(tmp_path: Path) -> None:
     built = tmp_path / "gateway.yaml"
     built.write_text(kustomized(ROOT / "k8s" / "overlays" / "gateway"))

@@ -81,6 +81,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.boots
 def test_the_generators_make_the_listed_specs_for_sm120f_only(tmp_path: Path) -> None:
     """Each generator, run as kernels/build runs it, names the module the list names, with its source count, and
     its ninja file targets sm_120f and nothing else (a wrong architecture would be prebuilt and never used)."""
@@ -184,6 +185,7 @@ def test_tools_missing_from_path_are_named(tmp_path: Path) -> None:
     assert [p.message for p in problems] == ["no ninja on PATH", f"no {os.environ.get('CXX', 'c++')} on PATH"]
 
 
+@pytest.mark.boots
 def test_a_link_library_the_toolkit_lacks_is_named_before_compiling(tmp_path: Path) -> None:
     """The fused MoE links -lnvrtc: a toolkit without it would fail only at the final link, after hours."""
     moe = next(m for m in KERNELS.modules if m.name == "fused_moe_120")

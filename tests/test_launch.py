@@ -74,6 +74,7 @@ def real(rendered: list[config.Effective]) -> dict[str, Any]:
     )
 
 
+@pytest.mark.boots
 def test_dry_run_json_passes_the_real_sglang_parser() -> None:
     done = launch("--dry-run", "--json")
     assert done.returncode == 0, done.stderr
@@ -84,10 +85,12 @@ def test_dry_run_json_passes_the_real_sglang_parser() -> None:
     assert argv[argv.index("--cuda-graph-backend-prefill") + 1] == "breakable"
 
 
+@pytest.mark.boots
 def test_every_setting_passes_the_real_parser(real: dict[str, Any]) -> None:
     assert [p["ok"] for p in real["parse"]] == [True] * len(SETTINGS), real["parse"]
 
 
+@pytest.mark.boots
 def test_decode_sizes_match_sglangs_rule(rendered: list[config.Effective], real: dict[str, Any]) -> None:
     for env, effective, sizes in zip(SETTINGS, rendered, real["decode"], strict=True):
         assert effective.decode_sizes == sizes, env
@@ -123,6 +126,7 @@ def test_removed_flags_are_never_baked() -> None:
         assert flag not in argv
 
 
+@pytest.mark.boots
 def test_real_parser_rejects_what_check_extra_args_refuses() -> None:
     # The refusal list must stay true for the pinned sglang: each removed flag really fails there.
     argvs = [["--model-path", "/m", flag, "8"] for flag in settings.load_config()["removed_flag"]]
@@ -184,6 +188,7 @@ def test_api_key_file_is_read(tmp_path: Path) -> None:
     assert "from-file-0123456789" not in json.dumps(effective.state({}))
 
 
+@pytest.mark.boots
 def test_serve_writes_state_and_marker_then_execs(tmp_path: Path) -> None:
     program = tmp_path / "fake-server"
     program.write_text('#!/bin/sh\necho "argv: $*"\necho "nccl: $NCCL_P2P_LEVEL"\n')
@@ -248,6 +253,7 @@ def test_the_operators_environment_wins_over_the_configurations_defaults(tmp_pat
     assert state["env_from"]["NCCL_MIN_NCHANNELS"] == "glm5.toml"
 
 
+@pytest.mark.boots
 def test_dry_run_shows_each_variable_and_where_it_came_from() -> None:
     done = launch("--dry-run", NCCL_P2P_LEVEL="PHB")
     lines = done.stdout.splitlines()
@@ -268,6 +274,7 @@ def test_the_relay_masks_a_secret_split_across_reads(cut: int) -> None:
     assert live.feed(b"capture 3/52\r") == b"capture 3/52\r"  # output with no secret passes at once
 
 
+@pytest.mark.boots
 def test_the_key_goes_to_a_private_config_file_not_the_command_line(tmp_path: Path) -> None:
     effective = config.resolve({"GLM5_API_KEY": "s3cret-0123456789abcdef", "GLM5_STATE_DIR": str(tmp_path)})
     assert "s3cret-0123456789abcdef" not in " ".join(effective.argv)

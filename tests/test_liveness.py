@@ -13,8 +13,12 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from conftest import ROOT
 from helpers.container import Container, start
+
+pytestmark = pytest.mark.boots  # boots processes or runs real tools: not in ci/test --fast
 
 HEALTHCHECK = ROOT / "healthcheck" / "healthcheck"
 

@@ -98,6 +98,7 @@ def used_series() -> dict[str, set[str]]:
     return used
 
 
+@pytest.mark.boots
 def test_every_series_the_dashboard_and_alerts_use_exists_in_sglang_smg_or_the_exporter() -> None:
     used = used_series()
     assert len(used["sglang:"]) >= 10 and used["glm5_"] and used["smg_"]
@@ -109,6 +110,7 @@ def test_every_series_the_dashboard_and_alerts_use_exists_in_sglang_smg_or_the_e
     assert not missing, f"not in smg's binary: {sorted(missing)}"
 
 
+@pytest.mark.boots
 def test_the_name_check_catches_a_series_sglang_does_not_have() -> None:
     names = sglang_names()
     assert "sglang:num_queue_reqs" in names and "sglang:cuda_graph_passes_total" in names
@@ -116,6 +118,7 @@ def test_the_name_check_catches_a_series_sglang_does_not_have() -> None:
     assert in_binary(smg_binary(), {"smg_worker_health", "smg_worker_up"}) == {"smg_worker_health"}
 
 
+@pytest.mark.boots
 def test_the_doubles_metrics_are_sglangs_names() -> None:
     sys.path.insert(0, str(ROOT / "tests" / "doubles"))
     try:
@@ -139,6 +142,7 @@ def test_the_doubles_metrics_are_sglangs_names() -> None:
 # --- the alerts -----------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.boots
 def test_promtool_checks_the_rules_and_every_alert_has_a_firing_unit_test() -> None:
     done = subprocess.run(
         ["promtool", "check", "rules", str(PROM / "alerts.yml")], capture_output=True, text=True
@@ -154,6 +158,7 @@ def test_promtool_checks_the_rules_and_every_alert_has_a_firing_unit_test() -> N
     assert len(rules()) == 10
 
 
+@pytest.mark.boots
 def test_a_changed_threshold_fails_its_promtool_test(tmp_path: Path) -> None:
     shutil.copytree(PROM, tmp_path / "p")
     alerts = tmp_path / "p" / "alerts.yml"
@@ -387,6 +392,7 @@ def load(gw: Gateway, seconds: float, streams: int = 4) -> None:
             assert set(codes) == {200}
 
 
+@pytest.mark.boots
 def test_real_prometheus_scrapes_the_stack_and_every_dashboard_query_returns_series(
     stack: tuple[Prometheus, Container, Gateway],
 ) -> None:
@@ -411,6 +417,7 @@ def test_real_prometheus_scrapes_the_stack_and_every_dashboard_query_returns_ser
     assert prom.api("alerts")["alerts"] == []
 
 
+@pytest.mark.boots
 def test_real_prometheus_puts_replica_down_pending_when_the_replica_dies(
     stack: tuple[Prometheus, Container, Gateway],
 ) -> None:
@@ -445,6 +452,7 @@ def crd_check(objects: list[dict[str, Any]], tmp: Path) -> subprocess.CompletedP
 
 
 @pytest.mark.parametrize("overlay", ["k8s/overlays/monitoring", "k8s/overlays/gateway-monitoring"])
+@pytest.mark.boots
 def test_monitoring_objects_are_valid_against_the_prometheus_operator_crds(
     overlay: str, tmp_path: Path
 ) -> None:
@@ -455,6 +463,7 @@ def test_monitoring_objects_are_valid_against_the_prometheus_operator_crds(
     assert done.stdout.count("ok ") == 3
 
 
+@pytest.mark.boots
 def test_the_crd_check_refuses_a_broken_object(tmp_path: Path) -> None:
     objects = monitoring_objects("k8s/overlays/monitoring")
     rule = next(o for o in objects if o["kind"] == "PrometheusRule")
@@ -540,6 +549,7 @@ def test_the_prometheus_config_scrapes_the_server_the_exporter_and_the_gateway_o
 
 
 @pytest.mark.parametrize("overlay", ["k8s/overlays/monitoring", "k8s/overlays/gateway-monitoring"])
+@pytest.mark.boots
 def test_the_monitoring_overlays_other_objects_validate_strictly(overlay: str, tmp_path: Path) -> None:
     core = [d for d in k8s.objects(ROOT / overlay) if not d["apiVersion"].startswith("monitoring.coreos.com")]
     assert "ConfigMap" in {d["kind"] for d in core}

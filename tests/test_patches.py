@@ -12,6 +12,8 @@ import pytest
 
 from conftest import ROOT, copy_flashinfer, run_apply, run_scenarios, tree_env
 
+pytestmark = pytest.mark.boots  # boots processes or runs real tools: not in ci/test --fast
+
 PATCHES = ROOT / "patches"
 MALFORMED = ("abc", "12", "v12.8", "12.8a", "12.8.1.4", "1 2.8")
 

@@ -194,6 +194,7 @@ def test_shm_size_is_measured(tmp_path: Path) -> None:
     assert findings[0].code == preflight.SHM_TOO_SMALL and "ipc: host" in findings[0].message
 
 
+@pytest.mark.boots
 def test_flashinfer_check_uses_patches_verify(
     monkeypatch: pytest.MonkeyPatch, unpatched_tree: Path, patched_tree: Path, fake_nvcc: Path
 ) -> None:
@@ -218,6 +219,7 @@ GLM5_CONFIG = ROOT / "tests" / "fixtures" / "glm5-config"
 
 
 @pytest.mark.skipif(not BENCH_PYTHON.exists(), reason="ci/setup-test-env bench makes .venv-bench")
+@pytest.mark.boots
 def test_server_flags_go_through_sglangs_own_resolution() -> None:
     """argparse, then resolve_once with the model's config and check_server_args: combinations only the
     resolution refuses fail at preflight, in seconds, not after the load."""
@@ -316,6 +318,7 @@ def test_the_start_no_longer_downloads_and_names_the_step_that_does() -> None:
     ]
 
 
+@pytest.mark.boots
 def test_download_runs_the_real_hf_with_the_token_in_its_environment_only(tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text("hf_secret_token_value\n")
@@ -363,6 +366,7 @@ def test_download_of_a_folder_uid_1000_cannot_write_names_the_fix(request: pytes
     assert not (host / "GLM-5-NVFP4").exists()
 
 
+@pytest.mark.boots
 def test_download_checks_the_folder_as_preflight_does(tmp_path: Path) -> None:
     # Offline, the real hf returns an existing folder as it is ("Returning existing local_dir"), exit 0:
     # the completeness check after it is what tells a finished download from a broken one.
@@ -378,6 +382,7 @@ def test_download_checks_the_folder_as_preflight_does(tmp_path: Path) -> None:
     assert "is complete in" in done.stderr
 
 
+@pytest.mark.boots
 def test_the_pods_init_container_waits_until_the_weights_are_complete(tmp_path: Path) -> None:
     model = tmp_path / "m"
     model.mkdir()

@@ -52,6 +52,7 @@ def wait(target: readiness.Target, since: datetime.datetime | None = BOOT, **kw:
     return readiness.wait_until_ready(target, kw.pop("timeout", 5), 0.01, since, lines.append, **kw)
 
 
+@pytest.mark.boots
 def test_health_200_is_not_enough_while_the_healthcheck_says_warming_up(health_200: str) -> None:
     target = Scripted(
         health_200,
@@ -60,6 +61,7 @@ def test_health_200_is_not_enough_while_the_healthcheck_says_warming_up(health_2
     assert wait(target).ready and target.polls == 4
 
 
+@pytest.mark.boots
 def test_a_start_from_before_the_boot_counts_as_starting(health_200: str) -> None:
     old_ready = {"phase": "ready", "started_at": BEFORE}
     old_failed = {"phase": "failed", "reason": "old OOM", "started_at": BEFORE}
@@ -67,10 +69,12 @@ def test_a_start_from_before_the_boot_counts_as_starting(health_200: str) -> Non
     assert wait(target).ready and target.polls == 3
 
 
+@pytest.mark.boots
 def test_without_a_boot_the_running_start_counts(health_200: str) -> None:
     assert wait(Scripted(health_200, [{"phase": "ready", "started_at": BEFORE}]), since=None).ready
 
 
+@pytest.mark.boots
 def test_a_failed_start_ends_the_wait_with_its_reason(health_200: str) -> None:
     waited = wait(
         Scripted(health_200, [{"phase": "failed", "reason": "OOM in capture", "started_at": AFTER}])
@@ -78,6 +82,7 @@ def test_a_failed_start_ends_the_wait_with_its_reason(health_200: str) -> None:
     assert not waited.ready and waited.reason == "OOM in capture"
 
 
+@pytest.mark.boots
 def test_through_restarts_only_the_exit_ends_the_wait(health_200: str) -> None:
     failed = {"phase": "failed", "reason": "crash", "started_at": AFTER}
     target = Scripted(health_200, [failed, failed, {"phase": "ready", "started_at": AFTER}])
@@ -87,6 +92,7 @@ def test_through_restarts_only_the_exit_ends_the_wait(health_200: str) -> None:
     assert not waited.ready and waited.reason == "exited 70" and gone.polls == 3
 
 
+@pytest.mark.boots
 def test_no_healthcheck_view_falls_back_to_health_alone(health_200: str) -> None:
     assert wait(Scripted(health_200, [None])).ready
 

@@ -44,6 +44,7 @@ def test_the_readme_documents_the_kits_commands() -> None:
 
 
 @pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.boots
 def test_every_documented_command_runs_with_help(command: str) -> None:
     path = ROOT / command
     assert path.is_file(), f"the README documents {command}, which does not exist"

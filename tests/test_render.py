@@ -68,6 +68,7 @@ def compose(root: Path) -> dict:  # type: ignore[type-arg]
     return yaml.safe_load((root / "docker-compose.yml").read_text())["services"]["glm5"]  # type: ignore[no-any-return]
 
 
+@pytest.mark.boots
 def test_the_checkout_is_current() -> None:
     done = subprocess.run([str(RENDER), "--check"], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
@@ -81,6 +82,7 @@ def test_every_output_says_it_is_generated() -> None:
 
 
 @pytest.mark.parametrize("rel", [*render.OUTPUTS, render.ENV_EXAMPLE, render.README])
+@pytest.mark.boots
 def test_check_names_a_stale_file(tmp_path: Path, rel: str) -> None:
     root = kit_copy(tmp_path)
     assert run_render(root, "--check").returncode == 0
@@ -96,6 +98,7 @@ def test_check_names_a_stale_file(tmp_path: Path, rel: str) -> None:
 
 
 @pytest.mark.parametrize("port", [8080, 31000, 40123])
+@pytest.mark.boots
 def test_the_port_is_one_edit(tmp_path: Path, port: int) -> None:
     root = kit_copy(tmp_path)
     set_source(root, "port = 30000", f"port = {port}")
@@ -111,6 +114,7 @@ def test_the_port_is_one_edit(tmp_path: Path, port: int) -> None:
         assert "30000" not in (root / rel).read_text(), f"{rel} still says 30000"
 
 
+@pytest.mark.boots
 def test_readme_prose_is_not_the_renderers(tmp_path: Path) -> None:
     root = kit_copy(tmp_path)
     readme = root / render.README
@@ -118,6 +122,7 @@ def test_readme_prose_is_not_the_renderers(tmp_path: Path) -> None:
     assert run_render(root, "--check").returncode == 0
 
 
+@pytest.mark.boots
 def test_derived_values_are_computed(tmp_path: Path) -> None:
     root, c, p = rendered_with(
         tmp_path,
@@ -148,6 +153,7 @@ def test_a_failed_start_counts_for_the_whole_startup_budget(tmp_path: Path) -> N
     )
 
 
+@pytest.mark.boots
 def test_gpu_count_and_image_follow_the_source(tmp_path: Path) -> None:
     _, c, p = rendered_with(
         tmp_path,
@@ -203,6 +209,7 @@ def test_an_invalid_source_renders_nothing(tmp_path: Path) -> None:
     assert before == {rel: (root / rel).read_text() for rel in render.OUTPUTS}  # nothing was written
 
 
+@pytest.mark.boots
 def test_rendered_compose_and_pod_still_validate(tmp_path: Path) -> None:
     root = kit_copy(tmp_path)
     set_source(root, "port = 30000", "port = 8080")

@@ -64,6 +64,7 @@ def rendered_folder(tmp: Path, overlays: tuple[str, ...] = OVERLAYS) -> Path:
 # --- the scanner ----------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.boots
 def test_checkov_passes_every_overlay_with_reasoned_skips_only(tmp_path: Path) -> None:
     found = checkov("-d", str(rendered_folder(tmp_path)), "--framework", "kubernetes")
     assert found["failed"] == [] and found["rc"] == 0, [
@@ -83,12 +84,14 @@ def test_checkov_passes_every_overlay_with_reasoned_skips_only(tmp_path: Path) -
     }
 
 
+@pytest.mark.boots
 def test_checkov_passes_the_dockerfile() -> None:
     found = checkov("-f", str(ROOT / "Dockerfile"), "--framework", "dockerfile")
     assert found["failed"] == [] and found["rc"] == 0, [c["check_id"] for c in found["failed"]]
     assert [c["check_id"] for c in found["skipped"]] == ["CKV_DOCKER_7"]
 
 
+@pytest.mark.boots
 def test_checkov_fails_a_copy_without_the_seccomp_profile(tmp_path: Path) -> None:
     folder = rendered_folder(tmp_path, ("k8s/base",))
     path = folder / "k8s-base.yaml"
@@ -116,6 +119,7 @@ def pod_specs(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.boots
 def test_every_pod_meets_the_restricted_standard_with_read_only_roots_and_memory_limits(overlay: str) -> None:
     docs = objects(overlay)
     assert {d["metadata"].get("namespace") for d in docs if d["kind"] != "Namespace"} == {
@@ -183,6 +187,7 @@ def allowed_ports(spec: dict[str, Any], source: dict[str, Any]) -> set[str]:
     return ports
 
 
+@pytest.mark.boots
 def test_network_policies_let_in_only_clients_the_gateway_and_prometheus() -> None:
     p = policies("k8s/overlays/gateway-monitoring")
     deny = p["glm5-default-deny"]
@@ -281,6 +286,7 @@ def bwrap_for(tmp: Path, service: dict[str, Any], root: Path) -> tuple[list[str]
 
 
 @NEEDS_BWRAP
+@pytest.mark.boots
 def test_the_entrypoint_serves_under_a_read_only_root_with_only_the_compose_writable_paths(
     tmp_path: Path, containers: list[Container]
 ) -> None:
@@ -313,6 +319,7 @@ def test_the_read_only_root_is_enforced_a_log_folder_outside_the_writable_paths_
 
 
 @NEEDS_BWRAP
+@pytest.mark.boots
 def test_the_gateway_runs_under_a_read_only_root_with_only_tmp_writable(tmp_path: Path) -> None:
     assert writable(services()["gateway"]) == ["/tmp"]
     from helpers.gateway import Gateway
@@ -337,6 +344,7 @@ def test_the_gateway_runs_under_a_read_only_root_with_only_tmp_writable(tmp_path
 
 
 @NEEDS_BWRAP
+@pytest.mark.boots
 def test_prometheus_runs_under_a_read_only_root_with_only_its_data_volume_writable(tmp_path: Path) -> None:
     """Debian's prometheus (the profile runs the official image: the same program, another build)."""
     assert writable(services()["prometheus"]) == ["/prometheus"]

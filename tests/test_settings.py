@@ -152,6 +152,7 @@ def test_every_glm5_variable_the_kit_names_is_declared() -> None:
     assert named - declared == set()
 
 
+@pytest.mark.boots
 def test_the_kit_imports_plainly() -> None:
     """No sys.path edits or loader tricks in the kit's modules: every import is a plain one."""
     for path in kit_python_files():

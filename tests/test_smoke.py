@@ -14,6 +14,8 @@ from ci import host_versions
 from conftest import ROOT
 from helpers.container import Container, start
 
+pytestmark = pytest.mark.boots  # boots processes or runs real tools: not in ci/test --fast
+
 SMOKE = ROOT / "ci" / "smoke"
 
 

@@ -19,6 +19,8 @@ import pytest
 from conftest import ROOT, kit_env
 from helpers.container import Container, start
 
+pytestmark = pytest.mark.boots  # boots processes or runs real tools: not in ci/test --fast
+
 CONF = ROOT / "entrypoint" / "supervisord.conf"
 
 
