@@ -69,6 +69,7 @@ RUN /opt/glm5/kernels/build \
  && /opt/glm5/kernels/verify \
  && cp "$(python3 -c 'import flashinfer, pathlib; print(pathlib.Path(flashinfer.__file__).parent)')/data/aot/GLM5_SERVE_KERNELS.json" /opt/glm5/KERNELS-PREBUILT.json
 
+COPY configuration/ /opt/glm5/configuration/
 COPY entrypoint/ /opt/glm5/entrypoint/
 COPY healthcheck/ /opt/glm5/healthcheck/
 COPY gateway/ /opt/glm5/gateway/

@@ -29,7 +29,7 @@ from typing import Any
 
 from ci import readiness
 from common.report import INVALID_SETTING, USAGE, Log, Problems
-from entrypoint import settings, state
+from configuration import settings, state
 
 ROOT = readiness.ROOT
 BASELINE_TOK_S = 3028.0  # output tok/s, GLM-5-NVFP4 on 8x RTX PRO 6000 at 1024 concurrency

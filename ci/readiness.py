@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from entrypoint import settings, state
+from configuration import settings, state
 from healthcheck.probe import http_status
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from common.report import EXIT_CODES, FAILED, FAILURE_KINDS, OK, Log, Problems
-from entrypoint import config, settings
+from configuration import config, settings
 from kernels import modules as kernel_modules
 
 ROOT = Path(__file__).resolve().parent.parent

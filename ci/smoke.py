@@ -29,7 +29,7 @@ import openai
 
 from ci import host_versions, readiness
 from common.report import FAILED, INVALID_SETTING, NEVER_READY, OK, Log, Problems
-from entrypoint import settings
+from configuration import settings
 
 ROOT = Path(__file__).resolve().parent.parent
 PROG = "ci/smoke"

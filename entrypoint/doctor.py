@@ -30,7 +30,22 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from common.report import INVALID_SETTING, Log, Problem, Problems
+from configuration import settings
+
 STATUSES = ("pass", "warn", "fail", "unknown")
+GPU_QUERY = "index,pci.bus_id,name,compute_cap,memory.total,driver_version"
+# Preflight's exit codes for what the box lacks (README: "Preflight exit codes"), one per kind.
+NVIDIA_SMI_MISSING = 10
+NVIDIA_SMI_FAILED = 11
+GPU_QUERY_UNREADABLE = 12
+GPU_COUNT = 13
+GPU_PRODUCT = 14
+GPU_COMPUTE_CAPABILITY = 15
+GPU_MEMORY = 16
+GPU_DRIVER = 17
+GPU_MIG = 18  # the mig check, or any of the fast checks preflight runs: MIG mode on, or a MIG slice visible
+SHM_TOO_SMALL = 20
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 NO_P2P = {"NS", "GNS", "CNS", "TNS", "U"}
 P2P_MEANING = {
@@ -113,13 +128,154 @@ def unreadable(name: str, what: str, box: Box, fix: str = "") -> Check:
     return Check(name, "unknown", f"could not read {what}: {why}", fix)
 
 
+# ---- the readings preflight shares: nvidia-smi's GPU query and /dev/shm, as Problems with their exit codes ----
+
+
+def query_gpus(nvidia_smi: str = "nvidia-smi") -> tuple[str | None, Problem | None]:
+    if shutil.which(nvidia_smi) is None:
+        return None, Problem(
+            "GPUs",
+            "nvidia-smi is not in the container: run it with the "
+            "NVIDIA runtime (compose: deploy.resources.reservations.devices; "
+            "docker run --gpus all; k8s: nvidia.com/gpu: 8)",
+            code=NVIDIA_SMI_MISSING,
+        )
+    done = subprocess.run(
+        [nvidia_smi, f"--query-gpu={GPU_QUERY}", "--format=csv"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    if done.returncode != 0:
+        return None, Problem(
+            "GPUs",
+            f"nvidia-smi failed (exit {done.returncode}): "
+            f"{(done.stdout + done.stderr).strip()[:300]}; check the host driver with "
+            "nvidia-smi on the host",
+            code=NVIDIA_SMI_FAILED,
+        )
+    return done.stdout, None
+
+
+def gpu_problems(csv_text: str, values: Mapping[str, Any], environ: Mapping[str, str]) -> list[Problem]:
+    text = csv_text.strip()
+    if not text or "No devices were found" in text:
+        return [
+            Problem(
+                "GPUs",
+                "nvidia-smi sees no GPU: pin all eight GPUs to the "
+                "container (compose device_ids 0-7, NVIDIA_VISIBLE_DEVICES=all)",
+                code=NVIDIA_SMI_FAILED,
+            )
+        ]
+    rows = list(csv.reader(io.StringIO(text), skipinitialspace=True))
+    header = [h.split(" [")[0] for h in rows[0]]
+    if header != GPU_QUERY.split(","):
+        return [
+            Problem(
+                "GPUs",
+                f"unexpected nvidia-smi header {rows[0]}: expected "
+                f"{GPU_QUERY} (is this nvidia-smi older than R580?)",
+                code=GPU_QUERY_UNREADABLE,
+            )
+        ]
+    gpus = [dict(zip(header, r, strict=False)) for r in rows[1:] if r]
+    findings: list[Problem] = []
+    where = ", ".join(f"{g.get('index', '?')}@{g.get('pci.bus_id', '?')}" for g in gpus)
+    visible = environ.get("CUDA_VISIBLE_DEVICES") or environ.get("NVIDIA_VISIBLE_DEVICES") or "unset"
+    want = values["gpu_count"]
+    if len(gpus) != want:
+        findings.append(
+            Problem(
+                "GPUs",
+                f"{len(gpus)} GPU(s) visible ({where}; visible devices "
+                f"{visible}), TP{want} needs exactly {want}: pin GPUs 0-{want - 1} to the "
+                "container and leave CUDA_VISIBLE_DEVICES unset",
+                code=GPU_COUNT,
+            )
+        )
+    for gpu in gpus:
+        label = f"GPU {gpu.get('index', '?')} ({gpu.get('pci.bus_id', '?')}, {gpu.get('name', '?')})"
+        if len(gpu) != len(header) or any(v.startswith("[") for v in gpu.values()):
+            findings.append(
+                Problem(
+                    "GPUs",
+                    f"{label}: unreadable nvidia-smi row {gpu}; check the GPU with nvidia-smi -q on the host",
+                    code=GPU_QUERY_UNREADABLE,
+                )
+            )
+            continue
+        if values["gpu_product"] not in gpu["name"]:
+            findings.append(
+                Problem(
+                    "GPUs",
+                    f"{label} is not an {values['gpu_product']}: this image "
+                    "is tuned and tested for RTX PRO 6000 Blackwell only",
+                    code=GPU_PRODUCT,
+                )
+            )
+        if gpu["compute_cap"] != values["compute_capability"]:
+            findings.append(
+                Problem(
+                    "GPUs",
+                    f"{label} has compute capability "
+                    f"{gpu['compute_cap']}, the image's kernels are built for "
+                    f"{values['compute_capability']} (SM120)",
+                    code=GPU_COMPUTE_CAPABILITY,
+                )
+            )
+        mib = gpu["memory.total"].split()[0]
+        if not mib.isdigit() or int(mib) < values["min_gpu_memory_mib"]:
+            findings.append(
+                Problem(
+                    "GPUs",
+                    f"{label} has {gpu['memory.total']}, GLM-5-NVFP4 at TP8 "
+                    f"needs {values['min_gpu_memory_mib']} MiB or more per GPU (no MIG, no vGPU "
+                    "slice)",
+                    code=GPU_MEMORY,
+                )
+            )
+        major = gpu["driver_version"].split(".")[0]
+        if not major.isdigit() or int(major) < values["min_driver_major"]:
+            findings.append(
+                Problem(
+                    "GPUs",
+                    f"{label} runs driver {gpu['driver_version']}, the image's "
+                    f"CUDA 13 needs R{values['min_driver_major']} or newer: upgrade the host "
+                    "driver",
+                    code=GPU_DRIVER,
+                )
+            )
+    return findings
+
+
+def shm_problems(values: Mapping[str, Any], shm: Path = Path("/dev/shm")) -> list[Problem]:
+    try:
+        st = os.statvfs(shm)
+    except OSError as err:
+        return [
+            Problem("/dev/shm", f"cannot stat {shm} ({err.strerror}): run with ipc: host", code=SHM_TOO_SMALL)
+        ]
+    gib = st.f_frsize * st.f_blocks / 2**30
+    if gib < values["min_shm_gib"]:
+        return [
+            Problem(
+                "/dev/shm",
+                f"{shm} is {gib:.2f} GiB, TP8 needs {values['min_shm_gib']} "
+                "GiB or more: run with ipc: host (compose), --ipc=host or --shm-size=32g (docker run), "
+                "or a Memory emptyDir at /dev/shm (k8s)",
+                code=SHM_TOO_SMALL,
+            )
+        ]
+    return []
+
+
 # ---- the checks -------------------------------------------------------------------------------------------
 
 
 def check_gpus(box: Box, values: Mapping[str, Any]) -> Check:
-    from entrypoint import preflight
-
-    text = box.smi(f"--query-gpu={preflight.GPU_QUERY}", "--format=csv")
+    text = box.smi(f"--query-gpu={GPU_QUERY}", "--format=csv")
     if text is None:
         return Check(
             "gpus",
@@ -127,7 +283,7 @@ def check_gpus(box: Box, values: Mapping[str, Any]) -> Check:
             box.notes.get("nvidia-smi") or next(iter(box.notes.values()), "nvidia-smi gave no output"),
             "run with the NVIDIA runtime and all eight GPUs (compose device_ids 0-7; k8s nvidia.com/gpu: 8)",
         )
-    problems = preflight.check_gpus(text, values, box.environ)
+    problems = gpu_problems(text, values, box.environ)
     if problems:
         return Check("gpus", "fail", "; ".join(p.message for p in problems), "see each GPU above")
     rows = list(csv.reader(io.StringIO(text.strip()), skipinitialspace=True))[1:]
@@ -370,11 +526,9 @@ def check_power(box: Box) -> Check:
 
 
 def check_shm(box: Box, values: Mapping[str, Any]) -> Check:
-    from entrypoint import preflight
-
     if box.host:
         return Check("shm", "pass", "not applicable on the host (the container's /dev/shm is checked inside)")
-    problems = preflight.check_shm(values, box.root / "dev/shm")
+    problems = shm_problems(values, box.root / "dev/shm")
     if problems:
         return Check(
             "shm", "fail", problems[0].message, "compose: ipc: host; k8s: a Memory emptyDir at /dev/shm"
@@ -509,9 +663,6 @@ def main(argv: list[str] | None = None) -> int:
         unknown = [n for n in names if n not in ALL]
         if unknown:
             parser.error(f"--only: unknown check(s) {', '.join(unknown)}; use {', '.join(ALL)}")
-    from common.report import INVALID_SETTING, Log, Problems
-    from entrypoint import settings
-
     try:
         values = settings.resolve(os.environ, where="ci" if args.host else "container")
     except Problems as err:

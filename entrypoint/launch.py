@@ -7,7 +7,7 @@
     entrypoint/launch --supervisor-env     print the settings supervisord.conf expands (SV_*)
     entrypoint/launch --failed-code        print the exit code of the recorded failure (0: none)
 
-    entrypoint/launch --state-path NAME   print the path of a state file (entrypoint/state.py)
+    entrypoint/launch --state-path NAME   print the path of a state file (configuration/state.py)
 
 Exit codes (common/report.py): 0 ok, 2 usage, 3 invalid setting, 10-42 preflight, 127 no server program.
 """
@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from common.report import FAILED, INVALID_SETTING, NO_SERVER_PROGRAM, Log, Problems
-from entrypoint import config, preflight, relay, settings, state
+from configuration import config, settings, state
+from entrypoint import preflight, relay
 
 LOG = Log("glm5-serve")
 KIT_ROOT = str(Path(__file__).resolve().parent.parent)

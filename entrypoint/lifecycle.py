@@ -1,6 +1,6 @@
 """supervisord event listener, the one place that decides what follows what under the one supervisor:
 preflight passed, so start the server (over supervisord's XML-RPC); preflight failed, or the server went FATAL
-(its starts kept failing), so record why (failed.json; entrypoint/state.py) and stay up showing it, supervisord
+(its starts kept failing), so record why (failed.json; configuration/state.py) and stay up showing it, supervisord
 and the exporter running (GLM5_ON_FAILURE=wait), or shut supervisord down (exit), after which entrypoint.sh exits
 with the recorded code. Speaks the listener protocol on stdout (supervisor.childutils); logs go to stderr."""
 
@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from supervisor import childutils
 
 from common.report import FAILED, FATAL, Log, Problems
-from entrypoint import state
+from configuration import state
 from healthcheck import logscan, phase
 
 PREFLIGHT, SERVER = "preflight", "sglang"  # the program names in supervisord.conf

@@ -6,36 +6,24 @@ fix. All findings are collected; the process exits with the code of the first on
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Mapping
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from common.report import Log, Problem
+from entrypoint import doctor
 
-GPU_QUERY = "index,pci.bus_id,name,compute_cap,memory.total,driver_version"
 VERIFY = Path(__file__).resolve().parent.parent / "patches" / "verify"  # the thin executable
 ARCHITECTURE = "GlmMoeDsaForCausalLM"
 RESOLVE_FLAGS = (
     Path(__file__).resolve().parent / "resolve_flags.py"
 )  # stand-alone: run by the server's Python
 
-# Exit codes, one per kind of failure (README: "Preflight exit codes").
-NVIDIA_SMI_MISSING = 10
-NVIDIA_SMI_FAILED = 11
-GPU_QUERY_UNREADABLE = 12
-GPU_COUNT = 13
-GPU_PRODUCT = 14
-GPU_COMPUTE_CAPABILITY = 15
-GPU_MEMORY = 16
-GPU_DRIVER = 17
-GPU_MIG = 18  # the doctor's mig check: MIG mode on, or a MIG slice visible
 DOCTOR_CHECKS = (
     "mig",
     "pcie_link",
@@ -45,7 +33,7 @@ DOCTOR_CHECKS = (
     "power",
     "kernels",
 )  # the doctor's fast checks run here
-SHM_TOO_SMALL = 20
+# Exit codes, one per kind of failure (README: "Preflight exit codes"); those of the box (10-20) are the doctor's.
 MODEL_DIR_MISSING = 30
 MODEL_CONFIG = 31
 MODEL_ARCHITECTURE = 32
@@ -64,146 +52,6 @@ def download_hint(values: Mapping[str, Any]) -> str:
         f"{values['model_repo']} --local-dir <GLM5_MODEL_HOST_DIR>`; on Kubernetes the weights Job "
         "(k8s/base/job-weights.yaml)"
     )
-
-
-def query_gpus(nvidia_smi: str = "nvidia-smi") -> tuple[str | None, Problem | None]:
-    if shutil.which(nvidia_smi) is None:
-        return None, Problem(
-            "GPUs",
-            "nvidia-smi is not in the container: run it with the "
-            "NVIDIA runtime (compose: deploy.resources.reservations.devices; "
-            "docker run --gpus all; k8s: nvidia.com/gpu: 8)",
-            code=NVIDIA_SMI_MISSING,
-        )
-    done = subprocess.run(
-        [nvidia_smi, f"--query-gpu={GPU_QUERY}", "--format=csv"],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=60,
-    )
-    if done.returncode != 0:
-        return None, Problem(
-            "GPUs",
-            f"nvidia-smi failed (exit {done.returncode}): "
-            f"{(done.stdout + done.stderr).strip()[:300]}; check the host driver with "
-            "nvidia-smi on the host",
-            code=NVIDIA_SMI_FAILED,
-        )
-    return done.stdout, None
-
-
-def check_gpus(csv_text: str, values: Mapping[str, Any], environ: Mapping[str, str]) -> list[Problem]:
-    text = csv_text.strip()
-    if not text or "No devices were found" in text:
-        return [
-            Problem(
-                "GPUs",
-                "nvidia-smi sees no GPU: pin all eight GPUs to the "
-                "container (compose device_ids 0-7, NVIDIA_VISIBLE_DEVICES=all)",
-                code=NVIDIA_SMI_FAILED,
-            )
-        ]
-    rows = list(csv.reader(io.StringIO(text), skipinitialspace=True))
-    header = [h.split(" [")[0] for h in rows[0]]
-    if header != GPU_QUERY.split(","):
-        return [
-            Problem(
-                "GPUs",
-                f"unexpected nvidia-smi header {rows[0]}: expected "
-                f"{GPU_QUERY} (is this nvidia-smi older than R580?)",
-                code=GPU_QUERY_UNREADABLE,
-            )
-        ]
-    gpus = [dict(zip(header, r, strict=False)) for r in rows[1:] if r]
-    findings: list[Problem] = []
-    where = ", ".join(f"{g.get('index', '?')}@{g.get('pci.bus_id', '?')}" for g in gpus)
-    visible = environ.get("CUDA_VISIBLE_DEVICES") or environ.get("NVIDIA_VISIBLE_DEVICES") or "unset"
-    want = values["gpu_count"]
-    if len(gpus) != want:
-        findings.append(
-            Problem(
-                "GPUs",
-                f"{len(gpus)} GPU(s) visible ({where}; visible devices "
-                f"{visible}), TP{want} needs exactly {want}: pin GPUs 0-{want - 1} to the "
-                "container and leave CUDA_VISIBLE_DEVICES unset",
-                code=GPU_COUNT,
-            )
-        )
-    for gpu in gpus:
-        label = f"GPU {gpu.get('index', '?')} ({gpu.get('pci.bus_id', '?')}, {gpu.get('name', '?')})"
-        if len(gpu) != len(header) or any(v.startswith("[") for v in gpu.values()):
-            findings.append(
-                Problem(
-                    "GPUs",
-                    f"{label}: unreadable nvidia-smi row {gpu}; check the GPU with nvidia-smi -q on the host",
-                    code=GPU_QUERY_UNREADABLE,
-                )
-            )
-            continue
-        if values["gpu_product"] not in gpu["name"]:
-            findings.append(
-                Problem(
-                    "GPUs",
-                    f"{label} is not an {values['gpu_product']}: this image "
-                    "is tuned and tested for RTX PRO 6000 Blackwell only",
-                    code=GPU_PRODUCT,
-                )
-            )
-        if gpu["compute_cap"] != values["compute_capability"]:
-            findings.append(
-                Problem(
-                    "GPUs",
-                    f"{label} has compute capability "
-                    f"{gpu['compute_cap']}, the image's kernels are built for "
-                    f"{values['compute_capability']} (SM120)",
-                    code=GPU_COMPUTE_CAPABILITY,
-                )
-            )
-        mib = gpu["memory.total"].split()[0]
-        if not mib.isdigit() or int(mib) < values["min_gpu_memory_mib"]:
-            findings.append(
-                Problem(
-                    "GPUs",
-                    f"{label} has {gpu['memory.total']}, GLM-5-NVFP4 at TP8 "
-                    f"needs {values['min_gpu_memory_mib']} MiB or more per GPU (no MIG, no vGPU "
-                    "slice)",
-                    code=GPU_MEMORY,
-                )
-            )
-        major = gpu["driver_version"].split(".")[0]
-        if not major.isdigit() or int(major) < values["min_driver_major"]:
-            findings.append(
-                Problem(
-                    "GPUs",
-                    f"{label} runs driver {gpu['driver_version']}, the image's "
-                    f"CUDA 13 needs R{values['min_driver_major']} or newer: upgrade the host "
-                    "driver",
-                    code=GPU_DRIVER,
-                )
-            )
-    return findings
-
-
-def check_shm(values: Mapping[str, Any], shm: Path = Path("/dev/shm")) -> list[Problem]:
-    try:
-        st = os.statvfs(shm)
-    except OSError as err:
-        return [
-            Problem("/dev/shm", f"cannot stat {shm} ({err.strerror}): run with ipc: host", code=SHM_TOO_SMALL)
-        ]
-    gib = st.f_frsize * st.f_blocks / 2**30
-    if gib < values["min_shm_gib"]:
-        return [
-            Problem(
-                "/dev/shm",
-                f"{shm} is {gib:.2f} GiB, TP8 needs {values['min_shm_gib']} "
-                "GiB or more: run with ipc: host (compose), --ipc=host or --shm-size=32g (docker run), "
-                "or a Memory emptyDir at /dev/shm (k8s)",
-                code=SHM_TOO_SMALL,
-            )
-        ]
-    return []
 
 
 def check_model(values: Mapping[str, Any]) -> list[Problem]:
@@ -395,14 +243,10 @@ def doctor_findings(
     values: Mapping[str, Any], environ: Mapping[str, str], log: Log, warnings: list[dict[str, str]]
 ) -> list[Problem]:
     """The doctor's fast checks (entrypoint/doctor.py): a fail stops the start, a warn is logged and kept."""
-    from dataclasses import asdict
-
-    from entrypoint import doctor
-
     problems = []
     for found in doctor.run(doctor.Box(environ), values, DOCTOR_CHECKS):
         if found.status == "fail":
-            problems.append(Problem("GPUs", f"{found.name}: {found.detail}", found.fix, code=GPU_MIG))
+            problems.append(Problem("GPUs", f"{found.name}: {found.detail}", found.fix, code=doctor.GPU_MIG))
         elif found.status == "warn":
             log.warning(f"doctor: {found.name}: {found.detail}; fix: {found.fix}")
             warnings.append(asdict(found))
@@ -426,13 +270,13 @@ def run(
         log.warning(f"preflight: check '{name}' skipped by GLM5_SKIP_PREFLIGHT")
     if "gpu" not in skip:
         if gpu_csv is None:
-            gpu_csv, failure = query_gpus()
+            gpu_csv, failure = doctor.query_gpus()
             problems += [failure] if failure else []
         if gpu_csv is not None:
-            problems += check_gpus(gpu_csv, values, environ)
+            problems += doctor.gpu_problems(gpu_csv, values, environ)
             problems += doctor_findings(values, environ, log, warnings if warnings is not None else [])
     if "shm" not in skip:
-        problems += check_shm(values, shm)
+        problems += doctor.shm_problems(values, shm)
     if "model" not in skip:
         problems += check_model(values)
     if "flashinfer" not in skip:

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from common.report import INVALID_SETTING, Log, Problem, Problems
-from entrypoint import config, preflight
+from configuration import config
+from entrypoint import preflight
 
 LOG = Log("glm5-serve download")
 HF = "hf"

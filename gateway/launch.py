@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from common.report import INVALID_SETTING, USAGE, Log, Problems
-from entrypoint import settings
+from configuration import settings
 
 LOG = Log("gateway")
 SELECTOR = "app.kubernetes.io/name=glm5-serve app.kubernetes.io/component=server"

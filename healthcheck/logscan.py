@@ -13,7 +13,7 @@ import os
 import re
 from pathlib import Path
 
-from entrypoint.state import MARKER, MARKER_TEXT
+from configuration.state import MARKER, MARKER_TEXT
 
 TAIL_BYTES = 4 * 1024 * 1024
 NUMS = rb"\[([0-9, ]*)\]"

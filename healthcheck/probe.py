@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from common.report import INVALID_SETTING, Log, Problems
-from entrypoint import state
+from configuration import state
 from healthcheck import logscan, phase
 
 
@@ -50,7 +50,7 @@ def settings_of_this_run(environ: dict[str, str] | os._Environ[str]) -> dict[str
 
 def configured_counts(environ: dict[str, str] | os._Environ[str]) -> tuple[int | None, int | None]:
     """Expected counts from the configuration and this environment (when there is no launch.json)."""
-    from entrypoint import config
+    from configuration import config
 
     try:
         effective = config.resolve(environ)

@@ -26,7 +26,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from common.report import FAILED, FAILURE_CODE, INVALID_SETTING, USAGE, Log, Problems
-from entrypoint import state
+from configuration import state
 from healthcheck import probe
 
 LOG = Log("monitoring/exporter")

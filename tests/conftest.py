@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from entrypoint import settings
+from configuration import settings
 
 ROOT = Path(__file__).resolve().parents[1]
 # The kit's thin executables run `python3` from PATH: make it this interpreter (the test venv's).

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from ci import bench, readiness
+from configuration import config
 from conftest import ROOT
-from entrypoint import config
 from helpers.container import Container, environment, free_port, start
 
 pytestmark = pytest.mark.boots  # boots processes or runs real tools: not in ci/test --fast

@@ -294,7 +294,7 @@ def prepare_with_box(
 
 @pytest.mark.boots
 def test_preflight_stops_on_the_doctors_failures_and_records_its_warnings(tmp_path: Path) -> None:
-    from entrypoint import preflight, state
+    from configuration import state
 
     done = prepare_with_box(tmp_path, gpus(), GOOD_FILES)
     assert done.returncode == 0, done.stderr
@@ -302,12 +302,12 @@ def test_preflight_stops_on_the_doctors_failures_and_records_its_warnings(tmp_pa
     recorded = state.read_doctor(tmp_path / "run")
     assert [w["name"] for w in recorded] == ["topology"] and recorded[0]["status"] == "warn"
     mig = prepare_with_box(tmp_path, gpus(mig__mode__current="Enabled"), GOOD_FILES)
-    assert mig.returncode == preflight.GPU_MIG, mig.stderr
+    assert mig.returncode == doctor.GPU_MIG, mig.stderr
     assert (
         "mig: MIG mode enabled on GPU 0" in mig.stderr
         and "sudo nvidia-smi -i 0,1,2,3,4,5,6,7 -mig 0" in mig.stderr
     )
-    assert state.read_failed(tmp_path / "run")["code"] == preflight.GPU_MIG
+    assert state.read_failed(tmp_path / "run")["code"] == doctor.GPU_MIG
 
 
 @pytest.mark.boots

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from common.report import INVALID_SETTING
+from configuration import settings, state
 from conftest import ROOT, appeared, image_folders, kit_env
-from entrypoint import lifecycle, settings, state
+from entrypoint import lifecycle
 from helpers.sandbox import NEEDS_BWRAP, sandbox, with_image_folders
 from helpers.unprivileged import reachable_copy
 

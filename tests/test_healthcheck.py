@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
+from configuration import state
 from conftest import ROOT, kit_env
-from entrypoint import state
 from healthcheck import logscan, phase
 
 HEALTHCHECK = ROOT / "healthcheck" / "healthcheck"

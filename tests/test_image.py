@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from configuration import settings
 from conftest import ROOT
-from entrypoint import settings
 from helpers import k8s
 
 BIN = Path(sys.executable).parent
@@ -285,7 +285,7 @@ def test_one_cuda_compiler_deliberately() -> None:
 
 
 def test_jit_caches_are_keyed_by_the_image_build(tmp_path: Path) -> None:
-    from entrypoint import config
+    from configuration import config
 
     dev = config.resolve({"GLM5_HOME": str(tmp_path)})
     assert dev.env["SGLANG_CACHE_DIR"] == "/cache/build-dev/sglang"
@@ -309,7 +309,7 @@ def test_every_jit_cache_follows_the_keyed_folder_in_real_sglang() -> None:
     """With the server's environment as launch sets it, the real sglang 0.5.23 points Triton, TorchInductor,
     CUDA's own, TileLang, FlashInfer and DeepGEMM under the build's folder on the cache volume (import sglang runs
     srt/environ.py redirect_third_party_caches; DeepGEMM follows SGLANG_DG_CACHE_DIR)."""
-    from entrypoint import config
+    from configuration import config
 
     env = config.resolve({}).env
     probe = (

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 import yaml
 
+from configuration import batch_sizes, config, settings, state
 from conftest import ROOT, kit_env
-from entrypoint import batch_sizes, config, relay, settings, state
+from entrypoint import relay
 from helpers import oracles
 
 LAUNCH = ROOT / "entrypoint" / "launch"

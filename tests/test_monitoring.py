@@ -24,8 +24,8 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from common.report import EXIT_CODES, FAILURE_KINDS
+from configuration import settings, state
 from conftest import ROOT, kit_env
-from entrypoint import settings, state
 from helpers import k8s
 from helpers.container import Container, free_port, start
 from helpers.gateway import KEY, Gateway, chat

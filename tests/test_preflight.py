@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 
 from common.report import Log, Problems
+from configuration import config, settings
 from conftest import ROOT, kit_env
-from entrypoint import config, preflight, settings, weights
+from entrypoint import doctor, preflight, weights
 from helpers.unprivileged import reachable_copy
 
 SMI = ROOT / "tests" / "fixtures" / "nvidia-smi"
@@ -55,7 +56,7 @@ def values_for(model: Path, **extra: Any) -> dict[str, Any]:
 
 
 def gpu_findings(name: str, environ: dict[str, str] | None = None) -> list[preflight.Finding]:
-    return preflight.check_gpus((SMI / name).read_text(), config.resolve({}).values, environ or {})
+    return doctor.gpu_problems((SMI / name).read_text(), config.resolve({}).values, environ or {})
 
 
 @pytest.mark.parametrize("name", ["ok-8x-workstation-596.csv", "ok-8x-server-580.csv", "ok-8x-maxq-590.csv"])
@@ -64,20 +65,20 @@ def test_real_rtx_pro_6000_machines_pass(name: str) -> None:
 
 
 GPU_CASES = [
-    ("bad-4x-workstation.csv", preflight.GPU_COUNT, "4 GPU(s) visible"),
-    ("bad-8x-h100.csv", preflight.GPU_PRODUCT, "is not an RTX PRO 6000"),
-    ("bad-8x-h100.csv", preflight.GPU_COMPUTE_CAPABILITY, "compute capability 9.0"),
-    ("bad-8x-h100.csv", preflight.GPU_DRIVER, "driver 570.133.20"),
-    ("bad-8x-rtx6000-ada.csv", preflight.GPU_COMPUTE_CAPABILITY, "compute capability 8.9"),
-    ("bad-8x-rtx6000-ada.csv", preflight.GPU_MEMORY, "49140 MiB"),
-    ("bad-8x-rtx5090.csv", preflight.GPU_PRODUCT, "GeForce RTX 5090"),
-    ("bad-8x-rtx5090.csv", preflight.GPU_MEMORY, "32607 MiB"),
-    ("bad-8x-driver-570.csv", preflight.GPU_DRIVER, "upgrade the host driver"),
-    ("bad-mixed-7-plus-1.csv", preflight.GPU_PRODUCT, "GPU 7 (00000000:E1:00.0"),
-    ("bad-8x-vgpu-slice.csv", preflight.GPU_MEMORY, "no MIG, no vGPU"),
-    ("bad-unreadable-row.csv", preflight.GPU_QUERY_UNREADABLE, "unreadable nvidia-smi row"),
-    ("bad-no-devices.txt", preflight.NVIDIA_SMI_FAILED, "sees no GPU"),
-    ("bad-old-header.csv", preflight.GPU_QUERY_UNREADABLE, "unexpected nvidia-smi header"),
+    ("bad-4x-workstation.csv", doctor.GPU_COUNT, "4 GPU(s) visible"),
+    ("bad-8x-h100.csv", doctor.GPU_PRODUCT, "is not an RTX PRO 6000"),
+    ("bad-8x-h100.csv", doctor.GPU_COMPUTE_CAPABILITY, "compute capability 9.0"),
+    ("bad-8x-h100.csv", doctor.GPU_DRIVER, "driver 570.133.20"),
+    ("bad-8x-rtx6000-ada.csv", doctor.GPU_COMPUTE_CAPABILITY, "compute capability 8.9"),
+    ("bad-8x-rtx6000-ada.csv", doctor.GPU_MEMORY, "49140 MiB"),
+    ("bad-8x-rtx5090.csv", doctor.GPU_PRODUCT, "GeForce RTX 5090"),
+    ("bad-8x-rtx5090.csv", doctor.GPU_MEMORY, "32607 MiB"),
+    ("bad-8x-driver-570.csv", doctor.GPU_DRIVER, "upgrade the host driver"),
+    ("bad-mixed-7-plus-1.csv", doctor.GPU_PRODUCT, "GPU 7 (00000000:E1:00.0"),
+    ("bad-8x-vgpu-slice.csv", doctor.GPU_MEMORY, "no MIG, no vGPU"),
+    ("bad-unreadable-row.csv", doctor.GPU_QUERY_UNREADABLE, "unreadable nvidia-smi row"),
+    ("bad-no-devices.txt", doctor.NVIDIA_SMI_FAILED, "sees no GPU"),
+    ("bad-old-header.csv", doctor.GPU_QUERY_UNREADABLE, "unexpected nvidia-smi header"),
 ]
 
 
@@ -189,9 +190,9 @@ def test_modelopt_quantization_config_in_config_json_is_accepted(tmp_path: Path)
 
 def test_shm_size_is_measured(tmp_path: Path) -> None:
     values = config.resolve({}).values
-    assert preflight.check_shm(values | {"min_shm_gib": 0}, tmp_path) == []
-    findings = preflight.check_shm(values | {"min_shm_gib": 10**9}, tmp_path)
-    assert findings[0].code == preflight.SHM_TOO_SMALL and "ipc: host" in findings[0].message
+    assert doctor.shm_problems(values | {"min_shm_gib": 0}, tmp_path) == []
+    findings = doctor.shm_problems(values | {"min_shm_gib": 10**9}, tmp_path)
+    assert findings[0].code == doctor.SHM_TOO_SMALL and "ipc: host" in findings[0].message
 
 
 @pytest.mark.boots
@@ -275,7 +276,7 @@ def test_prepare_collects_every_problem_and_exits_with_the_first_code(tmp_path: 
         GLM5_MODEL_DIR=str(tmp_path / "absent"),
         GLM5_SKIP_PREFLIGHT="shm,flashinfer,flags",
     )
-    assert done.returncode == preflight.GPU_COUNT
+    assert done.returncode == doctor.GPU_COUNT
     assert "warning: preflight: check 'shm' skipped by GLM5_SKIP_PREFLIGHT" in done.stderr
     assert "[13] GPUs: 4 GPU(s) visible" in done.stderr
     assert "[30] GLM5_MODEL_DIR" in done.stderr

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from ci import render
+from configuration import settings
 from conftest import ROOT
-from entrypoint import settings
 
 README = (ROOT / "README.md").read_text()
-# A kit path used as a command: not part of a longer path or a file name (.ci/run, ci/figures.toml, entrypoint/state.py).
+# A kit path used as a command: not part of a longer path or a file name (.ci/run, ci/figures.toml, configuration/state.py).
 COMMAND = re.compile(
     r"(?<![\w./-])(?:/opt/glm5/)?((?:ci|entrypoint|healthcheck|patches|image|gateway)/[a-z][a-z-]*[a-z])(?![\w./-])"
 )

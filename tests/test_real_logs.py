@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from configuration import state
 from conftest import ROOT
-from entrypoint import state
 from healthcheck import logscan, phase
 
 CORPUS = ROOT / "tests" / "fixtures" / "logs" / "real"

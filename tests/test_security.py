@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
+from configuration import settings
 from conftest import ROOT
-from entrypoint import settings
 from helpers import k8s
 from helpers.container import Container, free_port, start, stop_inside
 from helpers.sandbox import NEEDS_BWRAP, sandbox

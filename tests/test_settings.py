@@ -1,4 +1,4 @@
-"""entrypoint/settings.py, state.py and report.py: every GLM5_* variable declared once, refused clearly when
+"""configuration/settings.py, state.py and report.py: every GLM5_* variable declared once, refused clearly when
 wrong; the state files and the start marker owned by one module; one exit-code table."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from common import report
+from configuration import config, settings, state
 from conftest import ROOT
-from entrypoint import config, settings, state
 from healthcheck import logscan
 
 KIT_PACKAGES = ("common", "entrypoint", "healthcheck", "patches", "ci", "image", "kernels")

@@ -16,7 +16,7 @@ is ``--cuda-graph-max-bs-decode`` or a GPU-memory default, lowered to ``max_runn
 when it was defaulted (speculative decoding sets max_running_requests to 48 unless given); prefill
 max is ``--cuda-graph-max-bs-prefill`` or chunked_prefill_size, capped at 8192 for MLA models.
 
-This copy is deliberately independent of the kit (``entrypoint/batch_sizes.py``), so a mistake in
+This copy is deliberately independent of the kit (``configuration/batch_sizes.py``), so a mistake in
 the kit's rule cannot hide behind the double. tests/test_double.py checks it against SGLang itself.
 """
 

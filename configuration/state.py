@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from common.report import Problem, Problems
-from entrypoint import settings
+from configuration import settings
 
 SERVER_LOG = (
     "server.log"  # in GLM5_LOG_DIR: written by supervisord (the server's output), read by the healthcheck

@@ -18,7 +18,7 @@ from typing import Any
 
 from common.report import INVALID_SETTING, Problem, Problems
 
-CONFIG_PATH = Path(__file__).resolve().parent / "glm5.toml"
+CONFIG_PATH = Path(__file__).resolve().parent.parent / "entrypoint" / "glm5.toml"  # where the README names it
 PREFIX = "GLM5_"
 NAME_FORM = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,127}")
 TRUE, FALSE = ("1", "true", "yes"), ("0", "false", "no")

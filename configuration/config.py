@@ -1,5 +1,5 @@
 """The effective launch configuration: glm5.toml's flags and environment under the resolved settings
-(entrypoint/settings.py): the server argv, its environment and the graph counts SGLang will capture."""
+(configuration/settings.py): the server argv, its environment and the graph counts SGLang will capture."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from common.report import Problem, Problems
-from entrypoint import settings
-from entrypoint.batch_sizes import decode_batch_sizes, effective_decode_max_bs, prefill_token_sizes
-from entrypoint.state import SERVER_CONFIG
+from configuration import settings
+from configuration.batch_sizes import decode_batch_sizes, effective_decode_max_bs, prefill_token_sizes
+from configuration.state import SERVER_CONFIG
 
 SERVER_PROGRAM = ("python3", "-m", "sglang.launch_server")
 CONFIG_FLAG = "--config"  # sglang 0.5.23 reads options from a YAML file (utils/server_args_config_parser.py)
@@ -27,7 +27,7 @@ class Effective:
     prefill_sizes: list[int]
     overrides: dict[str, str] = field(default_factory=dict)
     # Options that must not be on any command line (the API key): written to the private server config file
-    # that `--config` names (entrypoint/state.py), keyed by flag name without the dashes.
+    # that `--config` names (configuration/state.py), keyed by flag name without the dashes.
     secret_options: dict[str, str] = field(default_factory=dict)
 
     def public_argv(self) -> list[str]:
