@@ -34,6 +34,20 @@ def kit_env(*drop: str, **env: str) -> dict[str, str]:
     return base | {"GLM5_STATE_DIR": str(folder / "run"), "GLM5_LOG_DIR": str(folder / "log")} | env
 
 
+def healthcheck_json(env: dict[str, str], *args: str) -> tuple[int, dict[str, Any]]:
+    """`healthcheck --json ARGS` under `env`: its exit code and the JSON it printed."""
+    done = subprocess.run(
+        [str(ROOT / "healthcheck" / "healthcheck"), "--json", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert done.stdout, done.stderr
+    return done.returncode, json.loads(done.stdout.splitlines()[0])
+
+
 def image_folders() -> list[Path]:
     """The folders only the image creates: the state and log folders' defaults in glm5.toml."""
     declared = settings.declarations()

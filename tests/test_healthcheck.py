@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from configuration import state
-from conftest import ROOT, kit_env
+from conftest import ROOT, healthcheck_json, kit_env
 from healthcheck import logscan, phase
 
 HEALTHCHECK = ROOT / "healthcheck" / "healthcheck"
@@ -24,17 +24,7 @@ LOGS = ROOT / "tests" / "fixtures" / "logs"
 
 
 def probe(*args: str, **env: str) -> tuple[int, dict[str, Any]]:
-    full = kit_env() | env
-    done = subprocess.run(
-        [str(HEALTHCHECK), "--json", *args],
-        capture_output=True,
-        text=True,
-        env=full,
-        check=False,
-        timeout=60,
-    )
-    assert done.stdout, done.stderr
-    return done.returncode, json.loads(done.stdout.splitlines()[0])
+    return healthcheck_json(kit_env() | env, *args)
 
 
 @pytest.mark.parametrize(

@@ -3,10 +3,8 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -15,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, healthcheck_json
 from helpers.container import Container, start
 
 pytestmark = pytest.mark.boots  # boots processes or runs real tools: not in ci/test --fast
@@ -24,10 +22,7 @@ HEALTHCHECK = ROOT / "healthcheck" / "healthcheck"
 
 
 def probe(c: Container, *args: str) -> tuple[int, dict[str, Any]]:
-    done = subprocess.run(
-        [str(HEALTHCHECK), "--json", *args], env=c.target.env, capture_output=True, text=True, timeout=60
-    )
-    return done.returncode, json.loads(done.stdout.splitlines()[0])
+    return healthcheck_json(c.target.env, *args)
 
 
 def status(c: Container, path: str) -> int:

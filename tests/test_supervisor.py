@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from conftest import ROOT, kit_env
+from conftest import ROOT, healthcheck_json, kit_env
 from helpers.container import Container, start
 
 pytestmark = pytest.mark.boots  # boots processes or runs real tools: not in ci/test --fast
@@ -307,14 +307,7 @@ def readiness_ok_with_key(port: int, key: str) -> bool:
 
 
 def probe_json(c: Container, *args: str) -> tuple[int, dict[str, Any]]:
-    done = subprocess.run(
-        [str(ROOT / "healthcheck/healthcheck"), "--json", *args],
-        env=c.target.env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    return done.returncode, json.loads(done.stdout.splitlines()[0])
+    return healthcheck_json(c.target.env, *args)
 
 
 def wait_for_recorded_failure(c: Container) -> dict[str, Any]:
