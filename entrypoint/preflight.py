@@ -20,10 +20,10 @@ from entrypoint import doctor
 
 VERIFY = Path(__file__).resolve().parent.parent / "patches" / "verify"  # the thin executable
 ARCHITECTURE = "GlmMoeDsaForCausalLM"
-RESOLVE_FLAGS = (
-    Path(__file__).resolve().parent / "resolve_flags.py"
-)  # stand-alone: run by the server's Python
+# stand-alone: run by the server's Python
+RESOLVE_FLAGS = Path(__file__).resolve().parent / "resolve_flags.py"
 
+# the doctor's fast checks run here
 DOCTOR_CHECKS = (
     "mig",
     "pcie_link",
@@ -32,7 +32,7 @@ DOCTOR_CHECKS = (
     "iommu",
     "power",
     "kernels",
-)  # the doctor's fast checks run here
+)
 # Exit codes, one per kind of failure (README: "Preflight exit codes"); those of the box (10-20) are the doctor's.
 MODEL_DIR_MISSING = 30
 MODEL_CONFIG = 31

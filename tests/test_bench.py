@@ -168,9 +168,8 @@ def test_bench_url_end_to_end(tmp_path: Path, containers: list[Container]) -> No
     assert key not in text
     assert record["result"]["completed"] == 12 and record["result"]["output_throughput"] > 0
     assert record["workload"]["concurrency"] == 4 and record["baseline_output_tok_s"] == 3028
-    assert (
-        record["versions"]["sglang"] == "sglang-server-double"
-    )  # /server_info of the double, not a real server
+    # /server_info of the double, not a real server
+    assert record["versions"]["sglang"] == "sglang-server-double"
     assert "output tok/s" in done.stdout
 
 

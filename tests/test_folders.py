@@ -168,9 +168,8 @@ def test_the_listener_starts_the_server_only_after_preflight_passed(tmp_path: Pa
     lifecycle.on_event("PROCESS_STATE_EXITED", {"processname": "exporter", "expected": "1"}, values, rpc)
     assert rpc.calls == []
     lifecycle.on_event("PROCESS_STATE_EXITED", {"processname": "preflight", "expected": "0"}, values, rpc)
-    failed = state.read_failed(
-        values["state_dir"]
-    )  # preflight died before recording: its code, where to look
+    # preflight died before recording: its code, where to look
+    failed = state.read_failed(values["state_dir"])
     assert rpc.calls == [] and failed is not None and failed["code"] == 31
     lifecycle.on_event("PROCESS_STATE_EXITED", {"processname": "preflight", "expected": "1"}, values, rpc)
     assert rpc.calls == ["start sglang"]

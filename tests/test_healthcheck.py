@@ -113,9 +113,8 @@ def test_fewer_decode_sizes_than_configured_fails_unless_accepted(tmp_path: Path
     assert code == 1 and state["phase"] == "failed"
     assert "captured 36 batch sizes, expected 52" in state["reason"]
     assert "did not take effect" in state["reason"]
-    assert (
-        probe("--log", str(log), "--no-http", "--live")[0] == 0
-    )  # a restart would capture the same: no restart
+    # a restart would capture the same: no restart
+    assert probe("--log", str(log), "--no-http", "--live")[0] == 0
     code, state = probe("--log", str(log), "--no-http", "--accept-partial-capture")
     assert code == 0 and state["phase"] == "ready"
     code, _ = probe("--log", str(log), "--no-http", GLM5_ACCEPT_PARTIAL_CAPTURE="1")

@@ -227,9 +227,8 @@ def test_the_image_creates_the_folders_the_kit_writes() -> None:
     assert made and owned, "no mkdir/chown of the kit's folders in the Dockerfile"
     for key in ("log_dir", "state_dir", "cache_dir"):
         assert values[key] in made.group(1).split() and values[key] in owned.group(1).split(), key
-    assert (
-        f"GLM5_STATE_DIR={values['state_dir']}" in dockerfile
-    )  # the probe finds launch.json without glm5.toml
+    # the probe finds launch.json without glm5.toml
+    assert f"GLM5_STATE_DIR={values['state_dir']}" in dockerfile
 
 
 def apt_installs_without_noninteractive(dockerfile: str) -> list[str]:

@@ -299,9 +299,8 @@ FROM_IMAGE = os.environ.get("KERNELS_FROM_IMAGE", "")  # set by ci/build-image: 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     site = copy_flashinfer(tmp_path_factory.mktemp("kernels") / "site")
-    assert (
-        run_apply("--target", str(site)).returncode == 0
-    )  # as the image: the kernels step follows the patches
+    # as the image: the kernels step follows the patches
+    assert run_apply("--target", str(site)).returncode == 0
     scratch = tmp_path_factory.mktemp("scratch")
     home = tmp_path_factory.mktemp("home")
     env = {
@@ -310,9 +309,8 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "PATH": f"{CUDA / 'bin'}{os.pathsep}{os.environ['PATH']}",
         "CUDA_HOME": str(CUDA),
         "FLASHINFER_CUDA_VERSION": "13.0",
-        "LD_LIBRARY_PATH": str(
-            CUDA / "lib"
-        ),  # libcudart.so.13, which torch's CUDA build would bring in the image
+        # libcudart.so.13, which torch's CUDA build would bring in the image
+        "LD_LIBRARY_PATH": str(CUDA / "lib"),
         "TMPDIR": str(scratch),
         "HOME": str(home),
         SETTING: "ci",
@@ -409,9 +407,8 @@ def test_verify_fails_on_a_changed_module_a_stray_one_or_no_record(
             words = "kernels/build did not run"
         done = run_verify(built)
         assert done.returncode == 1 and words in done.stderr, done.stderr[-2000:]
-        assert (
-            f"prebuilt {len(KERNELS.modules)}/" not in done.stderr
-        )  # no summary claims what was not checked
+        # no summary claims what was not checked
+        assert f"prebuilt {len(KERNELS.modules)}/" not in done.stderr
     finally:
         for path, data in saved.items():
             path.write_bytes(data)

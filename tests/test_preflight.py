@@ -213,9 +213,8 @@ def test_flashinfer_check_uses_patches_verify(
     assert "run patches/apply" in preflight.check_flashinfer()[0].message
 
 
-BENCH_PYTHON = (
-    ROOT / ".venv-bench" / "bin" / "python"
-)  # torch 2.14.1 with transformers and triton, as the image
+# torch 2.14.1 with transformers and triton, as the image
+BENCH_PYTHON = ROOT / ".venv-bench" / "bin" / "python"
 GLM5_CONFIG = ROOT / "tests" / "fixtures" / "glm5-config"
 
 

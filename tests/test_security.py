@@ -308,9 +308,8 @@ def test_the_read_only_root_is_enforced_a_log_folder_outside_the_writable_paths_
     tmp_path: Path, containers: list[Container]
 ) -> None:
     wrapper, env = bwrap_for(tmp_path, services()["glm5"], ROOT)
-    blocked = (
-        ROOT / "not-writable-log"
-    )  # on the read-only root; the tests run as root, who could create it outside
+    # on the read-only root; the tests run as root, who could create it outside
+    blocked = ROOT / "not-writable-log"
     c = start(tmp_path, wrapper=tuple(wrapper), **(env | {"GLM5_LOG_DIR": str(blocked)}))
     containers.append(c)
     assert c.target.proc.wait(timeout=60) == 3  # type: ignore[union-attr]
@@ -324,9 +323,8 @@ def test_the_gateway_runs_under_a_read_only_root_with_only_tmp_writable(tmp_path
     assert writable(services()["gateway"]) == ["/tmp"]
     from helpers.gateway import Gateway
 
-    gw = Gateway(
-        tmp_path, {}, wrapper=sandbox(ROOT, ("ro", tmp_path))
-    )  # the discovery file, as compose mounts it :ro
+    # the discovery file, as compose mounts it :ro
+    gw = Gateway(tmp_path, {}, wrapper=sandbox(ROOT, ("ro", tmp_path)))
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -363,8 +361,7 @@ def test_prometheus_runs_under_a_read_only_root_with_only_its_data_volume_writab
             "glm5-serving",
             "glm5-gateway",
         }
-        assert any(
-            (tmp_path / "data").iterdir()
-        )  # it writes its database where the volume is, and nowhere else
+        # it writes its database where the volume is, and nowhere else
+        assert any((tmp_path / "data").iterdir())
     finally:
         prom.stop()

@@ -178,9 +178,8 @@ def test_state_files_are_named_once(tmp_path: Path) -> None:
         state.path(tmp_path, "launch.jsn")
     state.write_launch(tmp_path, {"start": 2, "pid": 1})
     assert state.current(state.read_launch(tmp_path), 2) == {"start": 2, "pid": 1}
-    assert (
-        state.current(state.read_launch(tmp_path), 3) is None
-    )  # an earlier start's record is not the current one
+    # an earlier start's record is not the current one
+    assert state.current(state.read_launch(tmp_path), 3) is None
     state.write_failed(tmp_path, 70, "why")
     failed = state.read_failed(tmp_path)
     assert failed is not None and (failed["code"], failed["reason"]) == (70, "why")
@@ -232,10 +231,11 @@ def test_debug_lines_only_with_the_switch(
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
+        # argparse takes unique prefixes
         (
             "--api-ke K",
             "--api-ke (as --api-key) is set by the configuration",
-        ),  # argparse takes unique prefixes
+        ),
         (
             "--cuda-graph-max-bs-d 256",
             "--cuda-graph-max-bs-d (as --cuda-graph-max-bs-decode) is set by the configuration",

@@ -53,9 +53,8 @@ def test_smoke_passes_against_the_double(tmp_path: Path, containers: list[Contai
     done, report = smoke(c)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "8 passed, 0 failed" in done.stdout
-    assert (
-        "capturing (prefill" in done.stdout or "loading" in done.stdout or "starting" in done.stdout
-    )  # progress shown
+    # progress shown
+    assert "capturing (prefill" in done.stdout or "loading" in done.stdout or "starting" in done.stdout
     metrics = report["metrics"]
     assert isinstance(metrics, dict)
     assert metrics["time_to_ready_s"] >= 0 and metrics["ttft_s"] >= 0 and metrics["decode_tokens_per_s"] > 0

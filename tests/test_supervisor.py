@@ -169,9 +169,8 @@ def test_serve_takes_no_arguments(tmp_path: Path) -> None:
 
 def test_paths_with_spaces(tmp_path: Path, containers: list[Container]) -> None:
     """Log and state folders with spaces: supervisord's commands, the log tail and the probe cope."""
-    home = Path(
-        tempfile.mkdtemp(prefix="a folder with spaces ")
-    )  # short: supervisord's socket path has a limit
+    # short: supervisord's socket path has a limit
+    home = Path(tempfile.mkdtemp(prefix="a folder with spaces "))
     c = start(home)
     containers.append(c)
     c.wait_healthy()
@@ -333,9 +332,8 @@ def test_a_server_that_keeps_failing_stays_up_failed_instead_of_reloading(
     assert "went FATAL" in found["reason"] and "TllmGenFmhaRunner" in found["reason"]
     assert probe_json(c)[0] == 1  # not ready
     assert probe_json(c, "--live")[0] == 0  # and not restarted: a restart cannot fix it
-    assert (
-        probe_json(c, "--started")[0] == 0
-    )  # the start is over: the startup budget does not restart it either
+    # the start is over: the startup budget does not restart it either
+    assert probe_json(c, "--started")[0] == 0
     time.sleep(2)
     assert c.proc.poll() is None and c.output().count("glm5-serve: server start #") == 2
     c.proc.send_signal(signal.SIGTERM)
