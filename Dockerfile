@@ -80,7 +80,7 @@ ARG BASE_IMAGE
 RUN { printf '%s\n' "${BASE_IMAGE}" "${CUDA_MAJOR_MINOR}"; cat /opt/glm5/image/requirements.lock /opt/glm5/patches/series /opt/glm5/patches/*.patch; } \
       | sha256sum | cut -c1-16 > /opt/glm5/BUILD-ID
 # Bytecode now: the image never writes it (PYTHONDONTWRITEBYTECODE), and every probe imports these modules.
-RUN python3 -m compileall -q /opt/glm5/common /opt/glm5/entrypoint /opt/glm5/healthcheck /opt/glm5/monitoring/exporter.py /opt/glm5/patches /opt/glm5/image /opt/glm5/kernels
+RUN python3 -m compileall -q /opt/glm5/common /opt/glm5/configuration /opt/glm5/entrypoint /opt/glm5/healthcheck /opt/glm5/monitoring/exporter.py /opt/glm5/patches /opt/glm5/image /opt/glm5/kernels
 
 # Non-root: SGLang needs no root; the GPUs come through the NVIDIA runtime's device files.
 RUN if id -u ubuntu >/dev/null 2>&1; then userdel --remove ubuntu; fi \
