@@ -349,8 +349,10 @@ def test_the_build_installs_into_flashinfers_prebuilt_folder_and_records_it(buil
         assert entry["job_memory_mib"] > 100 and entry["seconds"] > 0
     assert record["nvcc_release"] == "13.0" and record["arch_list"] == KERNELS.arch_list
     assert sorted(record["not_built"]) == sorted(set(KERNELS.names) - set(KERNELS.ci))
-    # the scratch workspace is gone, and the run-time JIT cache was never written
-    assert list(built["scratch"].iterdir()) == []
+    # the scratch workspace is gone (the image's /tmp also holds what its other build steps and checks wrote),
+    # and the run-time JIT cache was never written
+    left = built["scratch"].glob("glm5-kernels-*") if FROM_IMAGE else built["scratch"].iterdir()
+    assert list(left) == []
     assert not (built["home"] / ".cache" / "flashinfer").exists()
     assert re.search(r"fp4_quantization_120f \[\d+/\d+ [\d.]+s\] ", built["stderr"]), "progress per compile"
 

@@ -48,7 +48,8 @@ def smoke(
 
 
 def test_smoke_passes_against_the_double(tmp_path: Path, containers: list[Container]) -> None:
-    c = start(tmp_path)
+    # A start slow enough that smoke's first poll (seconds on a loaded machine) still sees it starting.
+    c = start(tmp_path, SGLANG_DOUBLE_TICK="0.08")
     containers.append(c)
     done, report = smoke(c)
     assert done.returncode == 0, done.stdout + done.stderr
