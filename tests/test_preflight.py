@@ -304,7 +304,13 @@ def run_download(
     base = {k: v for k, v in os.environ.items() if not k.startswith(("GLM5_", "HF_"))}
     base["PATH"] = f"{HF_BIN}:{base['PATH']}"
     return subprocess.run(
-        [*prefix, str(download)], env=base | env, capture_output=True, text=True, check=False, timeout=120
+        [*prefix, str(download)],
+        env=base | env,
+        cwd=download.parent.parent,  # python -m puts the working folder on the path: the kit's own, not this one
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
     )
 
 
@@ -348,7 +354,9 @@ def test_download_of_a_folder_uid_1000_cannot_write_names_the_fix(request: pytes
     host = Path(tempfile.mkdtemp(prefix="glm5-root-owned-"))  # /tmp: pytest's own folder is 0700
     host.chmod(0o755)
     request.addfinalizer(lambda: shutil.rmtree(host))
-    kit = reachable_copy("common", "entrypoint")  # UID 1000 may not reach the checkout itself
+    kit = reachable_copy(
+        "common", "configuration", "entrypoint"
+    )  # UID 1000 may not reach the checkout itself
     request.addfinalizer(lambda: shutil.rmtree(kit))
     done = run_download(
         {"GLM5_MODEL_DIR": str(host / "GLM-5-NVFP4")},
