@@ -130,7 +130,9 @@ def test_launch_prepare_creates_both_folders_and_records_there(tmp_path: Path) -
 
 
 class FakeSupervisor:
-    """Records what the lifecycle listener asks of supervisord's XML-RPC (startProcess, getProcessInfo, shutdown)."""
+    """Records what the lifecycle listener asks of supervisord's XML-RPC, as supervisor 4.3.0 names it
+    (supervisor/rpcinterface.py: startProcess(name, wait), getProcessInfo(name) with its 'exitstatus', shutdown());
+    the events' payload fields (processname; `expected` 0/1 on PROCESS_STATE_EXITED) are supervisor/events.py's."""
 
     def __init__(self, exitstatus: int = 0) -> None:
         self.calls: list[str] = []
