@@ -1,15 +1,18 @@
-"""Render every file that repeats a deployment value from the one source, entrypoint/glm5.toml.
+"""Keep every file that repeats a deployment value in step with the one source, entrypoint/glm5.toml.
 
-    ci/render            write the rendered files (and the README's generated blocks)
+    ci/render            rewrite the marked values in place, and write the generated files
     ci/render --check    change nothing; exit 1 naming every stale file (part of ci/test)
 
-The renderer owns the files in OUTPUTS: edit their template in ci/templates/ (or glm5.toml), never the output;
-each output's first comment line says so. Templates use `{{ name }}` for a value of `values()`: glm5.toml's
-[deployment] and [image], the settings' defaults, and the values derived from them (stop and termination
-grace, the startup probe's failure threshold, the probe commands). An unknown name fails the render.
-README.md keeps hand-written prose around blocks that the renderer owns between `<!-- ci/render: NAME -->`
-and `<!-- ci/render: end NAME -->`. Files written by hand that need a rendered value (a kustomize overlay,
-say) take it from a rendered file rather than repeating it (see ci/README.md).
+Needs the system python3 alone. Each file is kept once, written by hand. A value that comes from glm5.toml carries
+a marker comment giving its form: `KEY: VALUE  # ci/render: FORM` on the line itself, or, where the format has no
+trailing comments (the Dockerfile), `# ci/render: FORM` on its own line above it. FORM names values of `values()`
+in braces (`{port}`, `{drain_seconds}s`); the end of the line must read as FORM, and ci/render rewrites that end
+with the values filled in. An unknown name, or a line that no longer reads as its FORM, fails the render. Values no
+operator changes (the image's folders, its user) are written plainly; tests/test_render.py checks them against
+glm5.toml. README.md keeps hand-written prose around blocks that ci/render owns between `<!-- ci/render: NAME -->`
+and `<!-- ci/render: end NAME -->`. The generated files (the env examples, the PrometheusRule and the dashboard's
+ConfigMap) are written whole from their source. The dashboard's JSON needs grafana-foundation-sdk: its own step,
+ci/render-dashboard, writes it.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import json
 import math
 import re
 import sys
+import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -28,34 +32,41 @@ from configuration import config, settings
 from kernels import modules as kernel_modules
 
 ROOT = Path(__file__).resolve().parent.parent
-TEMPLATES = "ci/templates"
-# output: template (relative to the root)
-OUTPUTS = {
-    "Dockerfile": f"{TEMPLATES}/Dockerfile",
-    "docker-compose.yml": f"{TEMPLATES}/docker-compose.yml",
-    "k8s/base/statefulset.yaml": f"{TEMPLATES}/k8s/base/statefulset.yaml",
-    "k8s/base/service.yaml": f"{TEMPLATES}/k8s/base/service.yaml",
-    "k8s/base/pvc-weights.yaml": f"{TEMPLATES}/k8s/base/pvc-weights.yaml",
-    "k8s/base/job-weights.yaml": f"{TEMPLATES}/k8s/base/job-weights.yaml",
-    "k8s/base/namespace.yaml": f"{TEMPLATES}/k8s/base/namespace.yaml",
-    "k8s/base/networkpolicy.yaml": f"{TEMPLATES}/k8s/base/networkpolicy.yaml",
-    "k8s/overlays/gateway/gateway.yaml": f"{TEMPLATES}/k8s/overlays/gateway/gateway.yaml",
-    "k8s/overlays/gateway/replicas.yaml": f"{TEMPLATES}/k8s/overlays/gateway/replicas.yaml",
-    "image/requirements.in": f"{TEMPLATES}/image/requirements.in",
-    "monitoring/prometheus/prometheus.yml": f"{TEMPLATES}/monitoring/prometheus.yml",
-    "monitoring/prometheus/alerts.yml": f"{TEMPLATES}/monitoring/alerts.yml",
-    "k8s/components/monitoring/podmonitor.yaml": f"{TEMPLATES}/k8s/components/monitoring/podmonitor.yaml",
-}
-DASHBOARD = "monitoring/grafana/dashboards/glm5.json"  # built by monitoring/dashboard.py, no template
-PROMETHEUS_RULE = "k8s/components/monitoring/prometheusrule.yaml"  # the rendered alerts, wrapped
+SOURCE = "entrypoint/glm5.toml"
+# The files with values marked `# ci/render: FORM`, relative to the root.
+MARKED = (
+    "Dockerfile",
+    "docker-compose.yml",
+    "k8s/base/statefulset.yaml",
+    "k8s/base/service.yaml",
+    "k8s/base/pvc-weights.yaml",
+    "k8s/base/job-weights.yaml",
+    "k8s/base/namespace.yaml",
+    "k8s/base/networkpolicy.yaml",
+    "k8s/overlays/gateway/gateway.yaml",
+    "k8s/overlays/gateway/replicas.yaml",
+    "k8s/components/monitoring/podmonitor.yaml",
+    "monitoring/prometheus/prometheus.yml",
+    "monitoring/prometheus/alerts.yml",
+    "image/requirements.in",
+    "ci/requirements-nodeps.txt",
+    "ci/requirements-test.txt",
+    "ci/setup-test-env",
+)
+ALERTS = "monitoring/prometheus/alerts.yml"
+DASHBOARD = (
+    "monitoring/grafana/dashboards/glm5.json"  # written by ci/render-dashboard (monitoring/dashboard.py)
+)
+PROMETHEUS_RULE = "k8s/components/monitoring/prometheusrule.yaml"  # the alerts, wrapped
 DASHBOARD_CONFIGMAP = "k8s/components/monitoring/dashboard.yaml"  # the dashboard, for Grafana's sidecar
-GENERATED = (DASHBOARD, PROMETHEUS_RULE, DASHBOARD_CONFIGMAP)  # written from code, not from a template
-ENV_EXAMPLE = "glm5.env.example"  # rendered from the settings' declarations, no template
+ENV_EXAMPLE = "glm5.env.example"  # from the settings' declarations
 HOST_ENV_EXAMPLE = ".env.example"  # the host-side settings, likewise
+GENERATED = (PROMETHEUS_RULE, DASHBOARD_CONFIGMAP, ENV_EXAMPLE, HOST_ENV_EXAMPLE)
 README = "README.md"
 FIGURES = "ci/figures.toml"  # measured figures, rendered into the README's figures table
 LOG = Log("ci/render")
-PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*\}\}")
+MARKER = "# ci/render: "
+NAME = re.compile(r"\{(\w+)\}")
 
 
 class RenderError(Exception):
@@ -78,7 +89,9 @@ def values(cfg: Mapping[str, Any]) -> dict[str, Any]:
     v["gpu_count_minus_one"] = v["gpu_count"] - 1
     # Kubernetes names the image without its tag: kustomization.yaml's images entry sets registry, name and tag.
     v["image_name"] = v["image"].rsplit(":", 1)[0]
-    v["gpu_device_ids_json"] = json.dumps([str(i) for i in range(v["gpu_count"])])
+    v["gpu_device_ids_json"] = json.dumps(
+        [str(i) for i in range(v["gpu_count"])], separators=(",", ":")
+    )  # no blank: a marked value
     probe = f"{v['home']}/healthcheck/healthcheck"
     v["readiness_command_json"] = json.dumps([probe, "--status"])
     v["liveness_command_json"] = json.dumps([probe, "--live", "--status"])
@@ -113,27 +126,81 @@ def values(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return v
 
 
-def fill(text: str, found: Mapping[str, Any], source: str) -> str:
-    unknown = sorted({m.group(1) for m in PLACEHOLDER.finditer(text)} - set(found))
+def form_value(form: str, found: Mapping[str, Any], where: str) -> str:
+    """FORM with its values filled in."""
+    names = NAME.findall(form)
+    if not names:
+        raise RenderError(
+            f"{where}: the marker `{MARKER}{form}` names no value: write its form, say {{port}}"
+        )
+    unknown = sorted(set(names) - set(found))
     if unknown:
         raise RenderError(
-            f"{source}: unknown placeholder(s) {', '.join(unknown)}: use a value of ci/render.values()"
+            f"{where}: unknown value(s) {', '.join(unknown)} in `{MARKER}{form}`: use a value of ci/render.values()"
         )
-    return PLACEHOLDER.sub(lambda m: str(found[m.group(1)]), text)
+    value = NAME.sub(lambda m: str(found[m.group(1)]), form)
+    blank = next((name for name in names if re.search(r"\s", str(found[name]))), None)
+    if blank:
+        raise RenderError(f"{where}: {blank} = {found[blank]!r} has a blank: a marked value is one word")
+    return value
 
 
-def with_header(output: str, template: str, text: str) -> str:
-    """The generated-file line, after a Dockerfile's syntax directive (which must stay first)."""
-    line = f"# Generated by ci/render from {template} and entrypoint/glm5.toml: edit those, then run ci/render.\n"
-    if text.startswith("# syntax="):
-        first, rest = text.split("\n", 1)
-        return f"{first}\n{line}{rest}"
-    return line + text
+def form_pattern(form: str) -> re.Pattern[str]:
+    """The text FORM stands for, at the end of a line: its literal parts, each value a run of non-blank characters."""
+    parts = NAME.split(form)
+    body = "".join(re.escape(part) if i % 2 == 0 else r"\S+" for i, part in enumerate(parts))
+    return re.compile(rf"(?<!\S){body}$")
+
+
+def rewrite_line(line: str, form: str, found: Mapping[str, Any], where: str) -> str:
+    """LINE with the end that reads as FORM rewritten with the values."""
+    value = form_value(form, found, where)
+    match = form_pattern(form).search(line)
+    if match is None:
+        raise RenderError(
+            f"{where}: `{line.strip()}` does not end in the form `{form}` of its marker: fix the line or the marker"
+        )
+    return line[: match.start()] + value
+
+
+def rewrite(text: str, found: Mapping[str, Any], rel: str) -> str:
+    """TEXT with every marked value rewritten; a file without a marker is an error (it left MARKED's list)."""
+    lines = text.split("\n")
+    out: list[str] = []
+    above: str | None = None  # the form of a marker on its own line, for the line below
+    markers = 0
+    for number, line in enumerate(lines, 1):
+        where = f"{rel}:{number}"
+        if above is not None:
+            out.append(rewrite_line(line, above, found, where))
+            above = None
+            continue
+        content, marker, form = line.partition(MARKER)
+        if not marker:
+            out.append(line)
+            continue
+        markers += 1
+        if not content.strip():
+            above = form.strip()
+            out.append(line)
+            continue
+        body = content.rstrip()
+        out.append(rewrite_line(body, form.strip(), found, where) + content[len(body) :] + marker + form)
+    if above is not None:
+        raise RenderError(f"{rel}: the last line is a marker with no line below it to rewrite")
+    if not markers:
+        raise RenderError(f"{rel}: no `{MARKER}FORM` marker left: take the file off ci/render.MARKED")
+    return "\n".join(out)
+
+
+def without_markers(line: str) -> str:
+    content, marker, _ = line.partition(MARKER)
+    return content.rstrip() if marker else line
 
 
 def host_env_example(cfg: Mapping[str, Any]) -> str:
     lines = [
-        "# Generated by ci/render from entrypoint/glm5.toml's [setting.*]: edit those, then run ci/render.",
+        "# Written by ci/render from entrypoint/glm5.toml's [setting.*]: edit those, then run ci/render.",
         "# Host-side settings: copy to .env beside docker-compose.yml. docker compose reads them from there (or the",
         "# shell, which wins) and so do ci/smoke and ci/bench; inside the container (glm5.env) they are refused.",
     ]
@@ -145,7 +212,7 @@ def host_env_example(cfg: Mapping[str, Any]) -> str:
 
 def env_example(cfg: Mapping[str, Any]) -> str:
     lines = [
-        "# Generated by ci/render from entrypoint/glm5.toml's [setting.*]: edit those, then run ci/render.",
+        "# Written by ci/render from entrypoint/glm5.toml's [setting.*]: edit those, then run ci/render.",
         "# Copy to glm5.env (docker compose passes it to the container). Every variable is optional; bad values stop",
         "# the start with a message naming them. Host-side settings (the published address and port, the model's",
         "# host folder, the image) go in .env instead: see .env.example.",
@@ -160,45 +227,44 @@ def env_example(cfg: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-MONITORING_LABELS = {"app.kubernetes.io/name": "glm5-serve", "app.kubernetes.io/component": "monitoring"}
+MONITORING_HEAD = """\
+metadata:
+  name: {name}
+  labels:
+    app.kubernetes.io/name: glm5-serve
+    app.kubernetes.io/component: monitoring
+"""
 
 
 def prometheus_rule(alerts_text: str) -> str:
-    """The alerts file as a prometheus-operator PrometheusRule: the same groups, one source."""
-    import yaml
-
-    rule = {
-        "apiVersion": "monitoring.coreos.com/v1",
-        "kind": "PrometheusRule",
-        "metadata": {"name": "glm5-serve", "labels": MONITORING_LABELS},
-        "spec": {"groups": yaml.safe_load(alerts_text)["groups"]},
-    }
-    head = (
-        f"# Generated by ci/render from {OUTPUTS['monitoring/prometheus/alerts.yml']} and entrypoint/glm5.toml: edit those, "
-        "then run ci/render.\n# The kit's alerts (monitoring/prometheus/alerts.yml) for the prometheus-operator; match your "
-        "Prometheus's ruleSelector.\n"
+    """The alerts file as a prometheus-operator PrometheusRule: its groups, moved under spec (one source)."""
+    lines = alerts_text.split("\n")
+    start = next((i for i, line in enumerate(lines) if line.startswith("groups:")), None)
+    if start is None:
+        raise RenderError(f"{ALERTS}: no top-level `groups:`")
+    groups = "\n".join(f"  {without_markers(line)}".rstrip() for line in lines[start:]).rstrip("\n") + "\n"
+    return (
+        f"# Written by ci/render from {ALERTS}: edit that, then run ci/render.\n"
+        "# The kit's alerts for the prometheus-operator; match your Prometheus's ruleSelector.\n"
+        "apiVersion: monitoring.coreos.com/v1\nkind: PrometheusRule\n"
+        + MONITORING_HEAD.format(name="glm5-serve")
+        + "spec:\n"
+        + groups
     )
-    return head + yaml.safe_dump(rule, sort_keys=False, width=120)
 
 
 def dashboard_configmap(dashboard_json: str) -> str:
     """The dashboard as a ConfigMap that Grafana's dashboard sidecar loads (its default label grafana_dashboard)."""
-    import yaml
-
-    cm = {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {
-            "name": "glm5-serve-dashboard",
-            "labels": MONITORING_LABELS | {"grafana_dashboard": "1"},
-        },
-        "data": {"glm5.json": dashboard_json},
-    }
-    head = (
-        "# Generated by ci/render from monitoring/dashboard.py: edit that, then run ci/render.\n"
+    body = "".join(f"    {line}\n" if line else "\n" for line in dashboard_json.rstrip("\n").split("\n"))
+    return (
+        f"# Written by ci/render from {DASHBOARD} (ci/render-dashboard writes that): do not edit.\n"
         '# The GLM-5 dashboard for Grafana\'s dashboard sidecar (label grafana_dashboard: "1").\n'
+        "apiVersion: v1\nkind: ConfigMap\n"
+        + MONITORING_HEAD.format(name="glm5-serve-dashboard")
+        + '    grafana_dashboard: "1"\n'
+        + "data:\n  glm5.json: |\n"
+        + body
     )
-    return head + yaml.safe_dump(cm, sort_keys=False, width=120)
 
 
 def readme_blocks(cfg: Mapping[str, Any]) -> dict[str, Callable[[], str]]:
@@ -252,8 +318,6 @@ def readme_blocks(cfg: Mapping[str, Any]) -> dict[str, Callable[[], str]]:
 
 
 def load_figures(root: Path = ROOT) -> list[dict[str, Any]]:
-    import tomllib
-
     with (root / FIGURES).open("rb") as fh:
         return list(tomllib.load(fh)["figure"])
 
@@ -268,25 +332,13 @@ def replace_block(text: str, name: str, body: str) -> str:
 
 
 def render(root: Path) -> dict[str, str]:
-    """Every owned file's rendered text, by path relative to `root`."""
-    cfg = settings.load_config(root / "entrypoint" / "glm5.toml")
+    """Every file ci/render keeps, by path relative to `root`, as it should read."""
+    cfg = settings.load_config(root / SOURCE)
     config.resolve({}, cfg)  # the configuration itself must be valid before anything is rendered
     found = values(cfg)
-    out = {}
-    for output, template in OUTPUTS.items():
-        out[output] = with_header(output, template, fill((root / template).read_text(), found, template))
-    try:
-        import yaml  # noqa: F401  (the Kubernetes wrappers below)
-
-        from monitoring import dashboard
-    except ImportError as err:
-        raise RenderError(
-            f"{err.name} is not installed: the dashboard and the PrometheusRule need it; run ci/setup-test-env tests "
-            "(ci/render then uses .venv)"
-        ) from err
-    out[DASHBOARD] = dashboard.json_text()
-    out[PROMETHEUS_RULE] = prometheus_rule(out["monitoring/prometheus/alerts.yml"])
-    out[DASHBOARD_CONFIGMAP] = dashboard_configmap(out[DASHBOARD])
+    out = {rel: rewrite((root / rel).read_text(), found, rel) for rel in MARKED}
+    out[PROMETHEUS_RULE] = prometheus_rule(out[ALERTS])
+    out[DASHBOARD_CONFIGMAP] = dashboard_configmap((root / DASHBOARD).read_text())
     out[ENV_EXAMPLE] = env_example(cfg)
     out[HOST_ENV_EXAMPLE] = host_env_example(cfg)
     readme = (root / README).read_text()

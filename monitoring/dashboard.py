@@ -1,9 +1,9 @@
 """The GLM-5 Grafana dashboard, built as typed objects with grafana-foundation-sdk (Grafana 11.6 schema).
 
 Generated rather than hand-kept: the SDK checks each panel's options as it builds them, the panels are a short table
-here instead of ~1,500 lines of JSON, and ci/render writes the JSON (monitoring/grafana/dashboards/glm5.json, and the
-Kubernetes ConfigMap for Grafana's sidecar) so ci/render --check catches a hand edit or a stale file. Every query is
-run against a real Prometheus in tests/test_monitoring.py.
+here instead of ~1,500 lines of JSON. `ci/render-dashboard` writes the JSON (monitoring/grafana/dashboards/glm5.json,
+committed), then ci/render wraps it as the Kubernetes ConfigMap for Grafana's sidecar; tests/test_monitoring.py fails
+on a stale or hand-edited JSON and runs every query against a real Prometheus.
 
 Series: sglang:* from each replica's /metrics, glm5_* from the kit's exporter, smg_* from the gateway. Per replica:
 every panel splits by `instance` (compose: the host; Kubernetes: the pod).
@@ -11,8 +11,11 @@ every panel splits by `instance` (compose: the host; Kubernetes: the pod).
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from grafana_foundation_sdk.builders import common as common_builders
 from grafana_foundation_sdk.builders import dashboard, stat, timeseries
@@ -22,6 +25,7 @@ from grafana_foundation_sdk.models.common import BigValueTextMode
 from grafana_foundation_sdk.models.dashboard import DataSourceRef, GridPos
 
 UID = "glm5-serve"
+JSON_FILE = Path(__file__).resolve().parent / "grafana" / "dashboards" / "glm5.json"
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
 RATE = "$__rate_interval"
 
@@ -173,7 +177,7 @@ def build() -> dashboard.Dashboard:
 
 
 def json_text() -> str:
-    """The dashboard as Grafana reads it (sorted keys: a stable file for ci/render --check)."""
+    """The dashboard as Grafana reads it (sorted keys: a stable file to compare)."""
     model = json.loads(JSONEncoder(sort_keys=True).encode(build().build()))
     return json.dumps(model, indent=2, sort_keys=True) + "\n"
 
@@ -185,3 +189,28 @@ def queries(model: dict[str, object]) -> list[tuple[str, str]]:
         for target in panel.get("targets", []) or []:
             found.append((panel["title"], target["expr"]))
     return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="ci/render-dashboard", description="Write the dashboard's JSON file."
+    )
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if the file is stale")
+    args = parser.parse_args(argv)
+    text = json_text()
+    if JSON_FILE.exists() and JSON_FILE.read_text() == text:
+        print(f"ci/render-dashboard: {JSON_FILE.name} is current")
+        return 0
+    if args.check:
+        print(
+            f"ci/render-dashboard: error: stale: {JSON_FILE} (run ci/render-dashboard, then commit it)",
+            file=sys.stderr,
+        )
+        return 1
+    JSON_FILE.write_text(text)
+    print(f"ci/render-dashboard: wrote {JSON_FILE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -29,6 +29,7 @@ SHELL_SCRIPTS = [
     # the thin executables in front of the Python modules
     "ci/bench",
     "ci/render",
+    "ci/render-dashboard",
     "ci/smoke",
     "entrypoint/doctor",
     "gateway/launch",

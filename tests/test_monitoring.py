@@ -163,8 +163,10 @@ def test_a_changed_threshold_fails_its_promtool_test(tmp_path: Path) -> None:
     shutil.copytree(PROM, tmp_path / "p")
     alerts = tmp_path / "p" / "alerts.yml"
     text = alerts.read_text()
-    assert "sglang:token_usage) > 0.95" in text
-    alerts.write_text(text.replace("sglang:token_usage) > 0.95", "sglang:token_usage) > 0.99"))
+    assert "(sglang:num_queue_reqs[5m])) > 0) > 0.95" in text
+    alerts.write_text(
+        text.replace("(sglang:num_queue_reqs[5m])) > 0) > 0.95", "(sglang:num_queue_reqs[5m])) > 0) > 0.99")
+    )
     done = subprocess.run(
         ["promtool", "test", "rules", "alerts.test.yml"], cwd=tmp_path / "p", capture_output=True, text=True
     )
@@ -335,7 +337,7 @@ def test_the_dashboard_is_the_sdks_build_and_grafana_foundation_sdk_reads_it_bac
     from grafana_foundation_sdk.models.dashboard import Dashboard
 
     model = json.loads(DASHBOARD.read_text())
-    assert DASHBOARD.read_text() == dashboard.json_text()  # ci/render --check also says so
+    assert DASHBOARD.read_text() == dashboard.json_text(), "stale: run ci/render-dashboard"
     parsed = Dashboard.from_json(model)
     assert parsed.uid == dashboard.UID and parsed.panels
     titles = {p["title"] for p in model["panels"]}
