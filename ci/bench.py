@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ci import readiness
-from common.report import INVALID_SETTING, USAGE, Log, Problems
+from common.report import INVALID_SETTING, SERVER_EXISTS, USAGE, Log, Problems
 from configuration import settings, state
 
 ROOT = readiness.ROOT
@@ -454,6 +454,9 @@ def main() -> int:
     except BenchError as err:
         Log("ci/bench").error(str(err))
         return USAGE
+    except readiness.ServerExists as err:
+        Log("ci/bench").error(str(err))
+        return SERVER_EXISTS
 
 
 if __name__ == "__main__":

@@ -34,6 +34,10 @@ SERVICE = "glm5"
 HEALTHCHECK_IN_IMAGE = "healthcheck/healthcheck"
 
 
+class ServerExists(Exception):
+    """The compose service has a container this tool did not start: booting would replace it, so nothing is done."""
+
+
 @dataclass(frozen=True)
 class Connection:
     url: str
@@ -176,14 +180,28 @@ class Local(Url):
 
 
 class Compose(Target):
-    """The compose service on this host; extra settings go in an override file beside the outputs."""
+    """The compose service on this host; extra settings go in an override file beside the outputs.
+
+    It boots only where the service has no container (running or stopped) of its own: one found is someone's
+    server, and `up --force-recreate` would replace it. What it booted, it alone removes (`rm --stop`, that one
+    service: `down` would stop the whole project, the gateway and monitoring profiles too). While its container
+    stands, the file BOOTED in the scratch folder says so, for a clean-up after the tool was killed."""
 
     label = "compose"
+    BOOTED = "compose-booted"
 
     def __init__(self, conn: Connection, scratch: Path) -> None:
         super().__init__(conn)
         self.scratch = scratch
         self.files = ["-f", str(ROOT / "docker-compose.yml")]
+        self.booted = False
+
+    def containers(self) -> list[str]:
+        """The service's container IDs, running or not (`docker compose ps --all --quiet`: one ID per line)."""
+        done = self.run("ps", "--all", "--quiet", SERVICE)
+        if done.returncode != 0:
+            raise RuntimeError(f"docker compose ps failed: {(done.stdout + done.stderr).strip()[-800:]}")
+        return done.stdout.split()
 
     def run(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -192,10 +210,19 @@ class Compose(Target):
 
     def boot(self, env: Mapping[str, str]) -> None:
         self.files = ["-f", str(ROOT / "docker-compose.yml")]
+        found = [] if self.booted else self.containers()
+        if found:
+            raise ServerExists(
+                f"the compose service {SERVICE} already has a container ({found[0][:12]}), which this tool did not "
+                f"start: nothing was touched. Test the running server instead: --url {self.conn.url}; or, if it may go, "
+                f"remove it first: docker compose rm --stop {SERVICE}"
+            )
         if env:
             override = self.scratch / "compose.override.json"
             override.write_text(json.dumps({"services": {SERVICE: {"environment": dict(env)}}}))
             self.files += ["-f", str(override)]
+        self.booted = True  # from here on the container is this tool's, even if `up` fails halfway
+        (self.scratch / self.BOOTED).write_text(f"docker compose rm --stop --force {SERVICE}\n")
         done = self.run("up", "-d", "--force-recreate", SERVICE)
         if done.returncode != 0:
             raise RuntimeError(f"docker compose up failed: {(done.stdout + done.stderr).strip()[-800:]}")
@@ -221,7 +248,10 @@ class Compose(Target):
         return self.run("logs", "--no-color", "--tail", str(lines), SERVICE).stdout
 
     def stop(self) -> None:
-        self.run("down")
+        if self.booted:
+            self.run("rm", "--stop", "--force", SERVICE)
+            (self.scratch / self.BOOTED).unlink(missing_ok=True)
+            self.booted = False
 
 
 @dataclass

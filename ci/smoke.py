@@ -28,7 +28,7 @@ from xml.sax.saxutils import escape
 import openai
 
 from ci import host_versions, readiness
-from common.report import FAILED, INVALID_SETTING, NEVER_READY, OK, Log, Problems
+from common.report import FAILED, INVALID_SETTING, NEVER_READY, OK, SERVER_EXISTS, Log, Problems
 from configuration import settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -284,7 +284,11 @@ def main() -> int:
     try:
         if a.url is None:
             print(f"{PROG}: docker compose up -d glm5", flush=True)
-            target.boot({})
+            try:
+                target.boot({})
+            except readiness.ServerExists as err:
+                Log(PROG).error(str(err))
+                return SERVER_EXISTS
         waited = readiness.wait_until_ready(target, a.timeout, a.poll, since, readiness.say(PROG))
         if not waited.ready:
             print(

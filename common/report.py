@@ -18,6 +18,7 @@ FAILED = 1
 USAGE = 2
 INVALID_SETTING = 3
 NEVER_READY = 4
+SERVER_EXISTS = 5
 FATAL = 70
 NO_SERVER_PROGRAM = 127
 
@@ -28,6 +29,7 @@ EXIT_CODES: tuple[tuple[str, str, str], ...] = (
     ("2", "bad command line (unknown option, wrong argument) or sweep file", "every tool"),
     ("3", "a GLM5_* setting is invalid, unknown or removed; nothing was started", "entrypoint, launch, healthcheck, ci/smoke, ci/bench"),
     ("4", "the server never became ready (failed start or timeout)", "ci/smoke"),
+    ("5", "the compose service already has a container that the tool did not start: nothing was touched (use --url)", "ci/smoke, ci/bench --sweep"),
     ("10-42", "preflight found a problem with the box, the weights, FlashInfer or the flags (first problem's code)", "entrypoint, launch --prepare"),
     ("70", "the server kept failing to start (supervisord FATAL)", "entrypoint"),
     ("127", "the server program is not installed", "launch --serve"),
