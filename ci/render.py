@@ -37,14 +37,20 @@ SOURCE = "entrypoint/glm5.toml"
 MARKED = (
     "Dockerfile",
     "docker-compose.yml",
+    "k8s/data/kustomization.yaml",
+    "k8s/data/namespace.yaml",
+    "k8s/data/pvc-weights.yaml",
+    "k8s/base/kustomization.yaml",
     "k8s/base/statefulset.yaml",
     "k8s/base/service.yaml",
-    "k8s/base/pvc-weights.yaml",
     "k8s/base/job-weights.yaml",
-    "k8s/base/namespace.yaml",
     "k8s/base/networkpolicy.yaml",
+    "k8s/components/image/kustomization.yaml",
+    "k8s/overlays/gateway/kustomization.yaml",
     "k8s/overlays/gateway/gateway.yaml",
     "k8s/overlays/gateway/replicas.yaml",
+    "k8s/overlays/monitoring/kustomization.yaml",
+    "k8s/overlays/gateway-monitoring/kustomization.yaml",
     "k8s/components/monitoring/podmonitor.yaml",
     "monitoring/prometheus/prometheus.yml",
     "monitoring/prometheus/alerts.yml",
@@ -88,7 +94,11 @@ def values(cfg: Mapping[str, Any]) -> dict[str, Any]:
     v["startup_budget_minutes"] = round(v["startup_budget_seconds"] / 60)
     v["gpu_count_minus_one"] = v["gpu_count"] - 1
     # Kubernetes names the image without its tag: kustomization.yaml's images entry sets registry, name and tag.
-    v["image_name"] = v["image"].rsplit(":", 1)[0]
+    if ":" not in v["image"].rsplit("/", 1)[-1]:
+        raise RenderError(
+            f"entrypoint/glm5.toml: image = {v['image']!r} has no tag: write NAME:TAG (glm5-serve:0.1.0)"
+        )
+    v["image_name"], v["image_tag"] = v["image"].rsplit(":", 1)
     v["gpu_device_ids_json"] = json.dumps(
         [str(i) for i in range(v["gpu_count"])], separators=(",", ":")
     )  # no blank: a marked value

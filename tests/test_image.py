@@ -109,9 +109,10 @@ def kustomized(folder: Path = ROOT / "k8s" / "base") -> str:
 
 @pytest.mark.boots
 def test_kubernetes_manifests_validate_strictly(tmp_path: Path) -> None:
-    """What `kubectl apply -k k8s/base` applies: every object, after kustomize, passes the strict validator."""
+    """What `kubectl apply -k k8s/data` and `-k k8s/base` apply: every object, after kustomize, passes the strict
+    validator."""
     built = tmp_path / "k8s.yaml"
-    built.write_text(kustomized())
+    built.write_text(kustomized(ROOT / "k8s" / "data") + "---\n" + kustomized())
     kinds = [d["kind"] for d in yaml.safe_load_all(built.read_text())]
     assert sorted(kinds) == [
         "Job",
@@ -125,25 +126,60 @@ def test_kubernetes_manifests_validate_strictly(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_kubernetes_image_is_one_setting_and_defaults_to_the_built_one(tmp_path: Path) -> None:
-    objects = list(yaml.safe_load_all(kustomized()))
+KIT_FOLDERS = ("base", "overlays/gateway", "overlays/monitoring", "overlays/gateway-monitoring")
+
+
+def container_images(folder: Path) -> set[str]:
+    """The image of every container and init container of every workload kustomize renders from FOLDER."""
     specs = [
-        o["spec"]["template"]["spec"] if o["kind"] in ("Job", "StatefulSet") else o.get("spec", {})
-        for o in objects
+        o["spec"]["template"]["spec"]
+        for o in yaml.safe_load_all(kustomized(folder))
+        if o and o["kind"] in ("Job", "StatefulSet", "Deployment")
     ]
-    images = {
-        c["image"] for s in specs if "containers" in s for c in s["containers"] + s.get("initContainers", [])
-    }
-    assert images == {settings.load_config()["deployment"]["image"]}
-    # One edit moves every container to a pushed image.
+    return {c["image"] for s in specs for c in s["containers"] + s.get("initContainers", [])}
+
+
+@pytest.mark.boots
+def test_kubernetes_image_is_one_place_that_every_overlay_follows(tmp_path: Path) -> None:
+    """An `images:` entry rewrites only its own kustomization's objects: with one per overlay, a pushed image set in
+    the base left the gateway Deployment on glm5-serve:0.1.0. The one place is k8s/components/image."""
+    built = settings.load_config()["deployment"]["image"]
+    for folder in KIT_FOLDERS:
+        assert container_images(ROOT / "k8s" / folder) == {built}, folder
     copy = tmp_path / "k8s"
-    shutil.copytree(ROOT / "k8s" / "base", copy)
-    kust = copy / "kustomization.yaml"
-    kust.write_text(
-        kust.read_text().replace("newName: glm5-serve", "newName: registry.example.com/ml/glm5-serve")
+    shutil.copytree(ROOT / "k8s", copy)
+    component = copy / "components" / "image" / "kustomization.yaml"
+    text = component.read_text()
+    assert "newName: glm5-serve" in text and 'newTag: "0.1.0"' in text
+    component.write_text(
+        text.replace("newName: glm5-serve", "newName: registry.example.com/ml/glm5-serve").replace(
+            'newTag: "0.1.0"', 'newTag: "0.2.0"'
+        )
     )
-    moved = {line.split("image:")[1].strip() for line in kustomized(copy).splitlines() if "image:" in line}
-    assert moved == {"registry.example.com/ml/glm5-serve:0.1.0"}
+    for folder in KIT_FOLDERS:
+        assert container_images(copy / folder) == {"registry.example.com/ml/glm5-serve:0.2.0"}, folder
+    for folder in KIT_FOLDERS:  # and no other kustomization names the image
+        assert "images:" not in (copy / folder / "kustomization.yaml").read_text(), folder
+
+
+@pytest.mark.boots
+def test_uninstalling_the_server_keeps_the_data() -> None:
+    """`kubectl delete -k` deletes what the folder renders, and a deleted Namespace takes every object in it: so no
+    server folder renders the Namespace or a claim, the cache claims outlive the StatefulSet, and k8s/data, which
+    holds them, is deleted only by its own command."""
+    data = {
+        (o["kind"], o["metadata"]["name"]) for o in yaml.safe_load_all(kustomized(ROOT / "k8s" / "data")) if o
+    }
+    assert data == {("Namespace", "glm5"), ("PersistentVolumeClaim", "glm5-weights")}
+    for folder in KIT_FOLDERS:
+        objects = [o for o in yaml.safe_load_all(kustomized(ROOT / "k8s" / folder)) if o]
+        kinds = {o["kind"] for o in objects}
+        assert not kinds & {"Namespace", "PersistentVolumeClaim"}, folder
+        (statefulset,) = [o for o in objects if o["kind"] == "StatefulSet"]
+        assert statefulset["spec"]["persistentVolumeClaimRetentionPolicy"] == {
+            "whenDeleted": "Retain",
+            "whenScaled": "Retain",
+        }, folder
 
 
 def test_weights_are_filled_by_a_job_and_read_only_to_the_server() -> None:
@@ -159,7 +195,11 @@ def test_weights_are_filled_by_a_job_and_read_only_to_the_server() -> None:
     for container in (init, pod["containers"][0]):
         mount = next(m for m in container["volumeMounts"] if m["name"] == "weights")
         assert mount["readOnly"] is True
-    claim = next(o for o in yaml.safe_load_all(kustomized()) if o["metadata"]["name"] == "glm5-weights")
+    claim = next(
+        o
+        for o in yaml.safe_load_all(kustomized(ROOT / "k8s" / "data"))
+        if o["metadata"]["name"] == "glm5-weights"
+    )
     assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
 
 

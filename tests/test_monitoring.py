@@ -504,13 +504,6 @@ def test_the_pod_monitors_name_ports_the_pods_declare_and_the_rule_is_the_alerts
     assert exporter_port == cfg["deployment"]["exporter_port"]
 
 
-@pytest.mark.parametrize("overlay", ["k8s/overlays/monitoring", "k8s/overlays/gateway-monitoring"])
-def test_the_monitoring_overlays_name_the_configured_image(overlay: str) -> None:
-    image = settings.load_config()["deployment"]["image"]
-    (entry,) = yaml.safe_load((ROOT / overlay / "kustomization.yaml").read_text())["images"]
-    assert f"{entry['newName']}:{entry['newTag']}" == image
-
-
 def test_the_compose_profile_runs_pinned_prometheus_and_grafana_with_the_shipped_files() -> None:
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
     cfg = settings.load_config()["monitoring"]

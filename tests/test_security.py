@@ -53,7 +53,7 @@ def checkov(*args: str) -> dict[str, Any]:
     }
 
 
-def rendered_folder(tmp: Path, overlays: tuple[str, ...] = OVERLAYS) -> Path:
+def rendered_folder(tmp: Path, overlays: tuple[str, ...] = ("k8s/data", *OVERLAYS)) -> Path:
     folder = tmp / "k8s"
     folder.mkdir()
     for overlay in overlays:
@@ -122,10 +122,9 @@ def pod_specs(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 @pytest.mark.boots
 def test_every_pod_meets_the_restricted_standard_with_read_only_roots_and_memory_limits(overlay: str) -> None:
     docs = objects(overlay)
-    assert {d["metadata"].get("namespace") for d in docs if d["kind"] != "Namespace"} == {
-        DEPLOYMENT["namespace"]
-    }
-    (ns,) = [d for d in docs if d["kind"] == "Namespace"]
+    assert {d["metadata"].get("namespace") for d in docs} == {DEPLOYMENT["namespace"]}
+    (ns,) = [d for d in objects("k8s/data") if d["kind"] == "Namespace"]  # applied first, kept on uninstall
+    assert ns["metadata"]["name"] == DEPLOYMENT["namespace"]
     assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
     for name, spec in pod_specs(docs).items():
         assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, name
@@ -155,7 +154,7 @@ def test_the_server_memory_limit_holds_its_request_and_shared_memory() -> None:
 
 
 def test_the_kustomizations_name_the_configured_namespace() -> None:
-    for overlay in OVERLAYS:
+    for overlay in ("k8s/data", *OVERLAYS):
         assert (
             yaml.safe_load((ROOT / overlay / "kustomization.yaml").read_text())["namespace"]
             == DEPLOYMENT["namespace"]
