@@ -90,8 +90,6 @@ def values(cfg: Mapping[str, Any]) -> dict[str, Any]:
     v["log_volume_size"] = f"{math.ceil(2 * v['log_max_bytes'] * (v['log_backups'] + 1) / 2**20) + 64}Mi"
     v["stop_grace_seconds"] = v["drain_seconds"] + v["stop_margin_seconds"]
     v["termination_grace_seconds"] = v["prestop_seconds"] + v["stop_grace_seconds"]
-    v["startup_failure_threshold"] = math.ceil(v["startup_budget_seconds"] / v["probe_period_seconds"])
-    v["startup_budget_minutes"] = round(v["startup_budget_seconds"] / 60)
     v["gpu_count_minus_one"] = v["gpu_count"] - 1
     # Kubernetes names the image without its tag: kustomization.yaml's images entry sets registry, name and tag.
     if ":" not in v["image"].rsplit("/", 1)[-1]:
@@ -105,7 +103,6 @@ def values(cfg: Mapping[str, Any]) -> dict[str, Any]:
     probe = f"{v['home']}/healthcheck/healthcheck"
     v["readiness_command_json"] = json.dumps([probe, "--status"])
     v["liveness_command_json"] = json.dumps([probe, "--live", "--status"])
-    v["startup_command_json"] = json.dumps([probe, "--started", "--status"])
     v["compose_readiness_json"] = json.dumps(["CMD", probe, "--status"])
     v["api_key_dir"] = "/run/secrets/glm5"
     v["home_dir"] = "/home/glm5"  # the image user's HOME (the Dockerfile's useradd)

@@ -2,13 +2,19 @@
 preflight passed, so start the server (over supervisord's XML-RPC); preflight failed, or the server went FATAL
 (its starts kept failing), so record why (failed.json; configuration/state.py) and stay up showing it, supervisord
 and the exporter running (GLM5_ON_FAILURE=wait), or shut supervisord down (exit), after which entrypoint.sh exits
-with the recorded code. Speaks the listener protocol on stdout (supervisor.childutils); logs go to stderr."""
+with the recorded code. And the stall watchdog: on each TICK_5, while the server program runs, the healthcheck's
+own decision (healthcheck/probe.py, from the log alone); a start with no log output for GLM5_STALL_SECONDS is hung,
+and the server program is restarted, however long a start that keeps making progress takes. Docker never restarts an
+unhealthy container (restart policies act on an exit), so on compose this is what clears a hang; on Kubernetes it
+acts first and liveness, which fails on the same hang, is the backstop (README: Restarts). Speaks the listener
+protocol on stdout (supervisor.childutils); logs go to stderr."""
 
 from __future__ import annotations
 
 import os
 import sys
 import xmlrpc.client
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -16,7 +22,7 @@ from supervisor import childutils
 
 from common.report import FAILED, FATAL, Log, Problems
 from configuration import state
-from healthcheck import logscan, phase
+from healthcheck import logscan, phase, probe
 
 PREFLIGHT, SERVER = "preflight", "sglang"  # the program names in supervisord.conf
 LOG = Log("glm5-serve")
@@ -26,6 +32,7 @@ class Supervisor(Protocol):
     """What this listener asks of supervisord's XML-RPC interface (its `supervisor` namespace, its names)."""
 
     def startProcess(self, name: str, wait: bool) -> bool: ...
+    def stopProcess(self, name: str, wait: bool) -> bool: ...
     def getProcessInfo(self, name: str) -> dict[str, Any]: ...
     def shutdown(self) -> bool: ...
 
@@ -63,6 +70,31 @@ def on_event(name: str, event: dict[str, str], values: dict[str, Any], rpc: Supe
         give_up(FATAL, values, rpc)
 
 
+def watch(rpc: Supervisor, judge: Callable[[], dict[str, Any]]) -> bool:
+    """Restart a running server whose start is hung; True when it did."""
+    if rpc.getProcessInfo(SERVER).get("statename") not in ("STARTING", "RUNNING"):
+        return False
+    found = judge()
+    if not found.get("hung"):
+        return False
+    LOG.error(
+        f"{found.get('reason')}: restarting the server (a hang a restart can clear; GLM5_STALL_SECONDS)"
+    )
+    rpc.stopProcess(SERVER, True)
+    rpc.startProcess(SERVER, False)
+    return True
+
+
+def stall_judge(environ: Mapping[str, str]) -> Callable[[], dict[str, Any]] | None:
+    """The healthcheck's decision from the log alone, with this run's settings; None when they are invalid (then
+    no server starts, and there is nothing to watch)."""
+    try:
+        args = probe.parse_args(["--no-http"], probe.settings_of_this_run(dict(environ)))
+    except Problems:
+        return None
+    return lambda: probe.probe(args)
+
+
 def give_up(code: int, values: dict[str, Any], rpc: Supervisor) -> None:
     if values["on_failure"] == "exit":
         LOG.error(f"failed (exit code {code}): stopping the container (GLM5_ON_FAILURE=exit)")
@@ -81,11 +113,16 @@ def main() -> int:
     except Problems as err:
         return LOG.problems(err.problems)
     rpc = childutils.getRPCInterface(os.environ).supervisor
+    judge = stall_judge(os.environ)
     while True:
         headers, payload = childutils.listener.wait(sys.stdin, sys.stdout)
         event, _data = childutils.eventdata(payload + "\n")
         try:
-            on_event(headers["eventname"], event, values, rpc)
+            if headers["eventname"].startswith("TICK_"):
+                if judge is not None:
+                    watch(rpc, judge)
+            else:
+                on_event(headers["eventname"], event, values, rpc)
         except (xmlrpc.client.Fault, OSError) as err:  # supervisord shutting down: nothing is left to start
             LOG.warning(f"{headers['eventname']} of {event.get('processname')}: supervisord refused: {err}")
         childutils.listener.ok(sys.stdout)

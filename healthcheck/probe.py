@@ -1,9 +1,9 @@
 """Is the GLM-5 server ready? Healthy only once CUDA graph capture is complete with the expected
 counts and /health answers 200; otherwise says which phase the start is in.
 
-    healthcheck/healthcheck                   readiness (Docker HEALTHCHECK, k8s startup/readiness)
+    healthcheck/healthcheck                   readiness (Docker HEALTHCHECK, k8s readiness)
     healthcheck/healthcheck --live            liveness: not hung, and once ready /health answers (a slow start passes)
-    healthcheck/healthcheck --started         startup: ready, or failed (the start is over either way)
+    healthcheck/healthcheck --started         the start is over: ready, or failed (no probe of the kit uses it)
     healthcheck/healthcheck --status          one line for people
     healthcheck/healthcheck --json            the state as one JSON object
     healthcheck/healthcheck --log FILE --no-http --json    judge a saved log alone

@@ -131,19 +131,25 @@ def test_launch_prepare_creates_both_folders_and_records_there(tmp_path: Path) -
 
 class FakeSupervisor:
     """Records what the lifecycle listener asks of supervisord's XML-RPC, as supervisor 4.3.0 names it
-    (supervisor/rpcinterface.py: startProcess(name, wait), getProcessInfo(name) with its 'exitstatus', shutdown());
-    the events' payload fields (processname; `expected` 0/1 on PROCESS_STATE_EXITED) are supervisor/events.py's."""
+    (supervisor/rpcinterface.py: startProcess(name, wait), stopProcess(name, wait), getProcessInfo(name) with its
+    'exitstatus' and 'statename', shutdown()); the events' payload fields (processname; `expected` 0/1 on
+    PROCESS_STATE_EXITED) are supervisor/events.py's."""
 
-    def __init__(self, exitstatus: int = 0) -> None:
+    def __init__(self, exitstatus: int = 0, statename: str = "RUNNING") -> None:
         self.calls: list[str] = []
         self.exitstatus = exitstatus
+        self.statename = statename
 
     def startProcess(self, name: str, wait: bool) -> bool:
         self.calls.append(f"start {name}")
         return True
 
-    def getProcessInfo(self, name: str) -> dict[str, int]:
-        return {"exitstatus": self.exitstatus}
+    def stopProcess(self, name: str, wait: bool) -> bool:
+        self.calls.append(f"stop {name}")
+        return True
+
+    def getProcessInfo(self, name: str) -> dict[str, int | str]:
+        return {"exitstatus": self.exitstatus, "statename": self.statename}
 
     def shutdown(self) -> bool:
         self.calls.append("shutdown")
@@ -214,3 +220,18 @@ def test_a_state_folder_too_long_for_supervisords_socket_is_named(tmp_path: Path
     problem = state.folder_problem("GLM5_STATE_DIR", folder)
     assert problem is not None and "too long for supervisord's socket" in str(problem)
     assert state.folder_problem("GLM5_STATE_DIR", folder.with_name("short")) is None
+
+
+def test_the_watchdog_restarts_a_running_server_only_when_its_start_is_hung() -> None:
+    hung = {"hung": True, "reason": "no server log output for 1900 s while loading"}
+    progressing = {"hung": False, "reason": "loading"}
+    for statename, found, calls in (
+        ("RUNNING", progressing, []),
+        ("STARTING", hung, ["stop sglang", "start sglang"]),
+        ("RUNNING", hung, ["stop sglang", "start sglang"]),
+        ("STOPPED", hung, []),  # preflight still running, or the server stopped: nothing to watch
+        ("FATAL", hung, []),  # gave up: the failure waits for a fix
+    ):
+        rpc = FakeSupervisor(statename=statename)
+        assert lifecycle.watch(rpc, lambda found=found: found) is bool(calls), statename
+        assert rpc.calls == calls, statename

@@ -6,6 +6,7 @@ on its port and `healthcheck --status` explains. A failure waits with supervisor
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import time
@@ -167,3 +168,35 @@ def test_an_unusable_folder_falls_back_to_the_images_and_is_reported_there(
     recorded = tmp_path / ("run-glm5" if name == "GLM5_STATE_DIR" else "run") / "failed.json"
     assert json.loads(recorded.read_text())["code"] == 3  # the state folder's fallback, when it was the one
     assert stop_inside(c) == 3
+
+
+def test_a_hung_start_is_restarted_inside_the_container_and_a_progressing_one_is_not(
+    tmp_path: Path, containers: list[Container]
+) -> None:
+    """Docker never restarts an unhealthy container: the lifecycle listener's stall watchdog (TICK_5) does, with the
+    healthcheck's own decision. The stall is the log's age: set back by two minutes past GLM5_STALL_SECONDS (60)."""
+    c, port = boot(tmp_path, "hang-loading", GLM5_STALL_SECONDS="60")
+    containers.append(c)
+    deadline = time.monotonic() + 60
+    while phase(scrape_when_up(port, deadline)) != "loading":
+        assert time.monotonic() < deadline, c.entrypoint_output.read_text()
+        time.sleep(0.2)
+    log = c.tmp / "log" / "server.log"
+    time.sleep(6)  # more than one tick: a silent but young start is left alone
+    assert "restarting the server" not in c.entrypoint_output.read_text()
+    starts = log.read_text().count("server_args=")
+    past = time.time() - 180
+    os.utime(log, (past, past))
+    deadline = time.monotonic() + 30
+    while "restarting the server" not in c.entrypoint_output.read_text():
+        assert time.monotonic() < deadline, c.entrypoint_output.read_text()
+        time.sleep(0.2)
+    assert "no server log output for" in c.entrypoint_output.read_text()
+    deadline = time.monotonic() + 30
+    while log.read_text().count("server_args=") == starts:  # a new start writes the log again
+        assert time.monotonic() < deadline, log.read_text()[-2000:]
+        time.sleep(0.2)
+    time.sleep(6)
+    assert c.entrypoint_output.read_text().count("restarting the server") == 1  # the new start is young again
+    assert c.proc.poll() is None  # type: ignore[attr-defined]
+    assert stop(c) == 0
