@@ -331,7 +331,7 @@ def test_jit_caches_are_keyed_by_the_image_build(tmp_path: Path) -> None:
     assert dev.env["SGLANG_CACHE_DIR"] == "/cache/build-dev/sglang"
     (tmp_path / "BUILD-ID").write_text("0123456789abcdef\n")
     built = config.resolve({"GLM5_HOME": str(tmp_path)})
-    for name in ("SGLANG_CACHE_DIR", "SGLANG_JIT_CACHE_DIR", "TVM_FFI_CACHE_DIR"):
+    for name in ("SGLANG_CACHE_DIR", "SGLANG_JIT_CACHE_DIR", "TVM_FFI_CACHE_DIR", "CUTE_DSL_CACHE_DIR"):
         assert built.env[name].startswith("/cache/build-0123456789abcdef/"), name
     assert "BUILD-ID" in (ROOT / "Dockerfile").read_text()
     # No image-level cache variable may outrank these defaults (the operator's environment wins over glm5.toml).
