@@ -5,6 +5,7 @@ double under a read-only root (bubblewrap) with only the paths docker-compose.ym
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import time
 import urllib.request
@@ -364,3 +365,35 @@ def test_prometheus_runs_under_a_read_only_root_with_only_its_data_volume_writab
         assert any((tmp_path / "data").iterdir())
     finally:
         prom.stop()
+
+
+@pytest.mark.boots
+def test_the_writable_root_component_opens_the_server_container_alone(tmp_path: Path) -> None:
+    """The way out of a toolkit hook that writes into a read-only root: added to the base, the server container's
+    root is writable, with its reasoned scanner skip, and nothing else changes."""
+    copy = tmp_path / "k8s"
+    shutil.copytree(ROOT / "k8s", copy)
+    kustomization = copy / "base" / "kustomization.yaml"
+    kustomization.write_text(
+        kustomization.read_text().replace("components:\n", "components:\n  - ../components/writable-root\n")
+    )
+    opened = [d for d in yaml.safe_load_all(k8s.kustomized(copy / "base")) if d]
+    shut = objects("k8s/base")
+    (statefulset,) = [d for d in opened if d["kind"] == "StatefulSet"]
+    pod = statefulset["spec"]["template"]["spec"]
+    roots = {
+        c["name"]: c["securityContext"]["readOnlyRootFilesystem"]
+        for c in pod["initContainers"] + pod["containers"]
+    }
+    assert roots == {"weights": True, "glm5": False}
+    strip = [d for d in opened if d["kind"] != "StatefulSet"]
+    assert strip == [d for d in shut if d["kind"] != "StatefulSet"]  # every other object as it was
+    folder = tmp_path / "rendered"
+    folder.mkdir()
+    (folder / "base.yaml").write_text(yaml.safe_dump_all(opened))
+    found = checkov("-d", str(folder), "--framework", "kubernetes")
+    assert found["failed"] == [] and found["rc"] == 0, [
+        (c["check_id"], c["resource"]) for c in found["failed"]
+    ]
+    (skip,) = [c for c in found["skipped"] if c["check_id"] == "CKV_K8S_22"]
+    assert "toolkit" in skip["check_result"]["suppress_comment"]
