@@ -40,6 +40,7 @@ MODEL_ARCHITECTURE = 32
 MODEL_QUANTIZATION = 33
 MODEL_INDEX = 34
 MODEL_SHARDS = 35
+MODEL_MTP = 36  # GLM5_SPECULATIVE=mtp, but the checkpoint has no MTP layer
 FLASHINFER = 40
 SKIP_SETTING = 41  # GLM5_SKIP_PREFLIGHT malformed (glm5.toml: its `code`)
 SERVER_FLAGS = 42
@@ -113,8 +114,40 @@ def check_model(values: Mapping[str, Any]) -> list[Problem]:
                 code=MODEL_QUANTIZATION,
             )
         )
-    findings += check_shards(model, values)
+    shards = check_shards(model, values)
+    findings += shards
+    if not shards:
+        findings += check_mtp(
+            model, config, read_json(model / "model.safetensors.index.json")["weight_map"], values
+        )
     return findings
+
+
+def check_mtp(
+    model: Path, config: Mapping[str, Any], weight_map: Mapping[str, str], values: Mapping[str, Any]
+) -> list[Problem]:
+    """MTP's draft layer is the checkpoint's layer num_hidden_layers (model.layers.78 for GLM-5): SGLang 0.5.23 loads
+    only weights under that prefix into the draft model and skips the rest without a word
+    (models/deepseek_common/deepseek_weight_loader.py, nextn_layer_prefix), so without them MTP never fires. A
+    separate mtp.safetensors outside the index is added back only for GLM-4 MoE architectures, not GlmMoeDsaForCausalLM
+    (model_loader/weight_utils.py maybe_add_mtp_safetensors)."""
+    if values["speculative"] != "mtp":
+        return []
+    layers, nextn = config.get("num_hidden_layers"), config.get("num_nextn_predict_layers")
+    prefix = f"model.layers.{layers}."
+    if nextn == 1 and any(name.startswith(prefix) for name in weight_map):
+        return []
+    found = f"num_nextn_predict_layers = {nextn}" if nextn != 1 else f"no weight under {prefix}* in its index"
+    return [
+        Problem(
+            "GLM5_SPECULATIVE",
+            f"mtp needs the checkpoint's MTP layer, and {model} has {found}: SGLang would load no draft weights "
+            "without a word and MTP would never fire",
+            f"unset GLM5_SPECULATIVE, or use a checkpoint whose model.safetensors.index.json lists {prefix}* "
+            f"({values['model_repo']} does)",
+            code=MODEL_MTP,
+        )
+    ]
 
 
 def is_modelopt_nvfp4(model: Path, config: Mapping[str, Any]) -> bool:

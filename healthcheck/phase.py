@@ -29,6 +29,12 @@ def capture_open(scan: Scan) -> bool:
     return decode_open or prefill_open
 
 
+def between_captures(scan: Scan) -> bool:
+    """0.5.23 captures prefill first, then decode: after the prefill end and before the decode begin, still capturing
+    (the weights are long loaded)."""
+    return "prefill_end" in scan.seen and not scan.seen.intersection(DECODE_STARTED) and not decode_done(scan)
+
+
 def log_says_ready(scan: Scan) -> bool:
     """The server printed its ready line and nothing fatal: /health decides whether it serves now."""
     return "ready" in scan.seen and scan.failure is None
@@ -165,7 +171,7 @@ def decide(
         if http is None or http == 200:
             return out | {"phase": "ready"}
         return out | {"phase": "ready", "reason": f"/health answered {http}: not serving now"}
-    if capture_open(scan):
+    if capture_open(scan) or between_captures(scan):
         out["phase"] = "capturing"
     elif done:
         out["phase"] = "warming_up"
@@ -219,6 +225,11 @@ def status_line(result: dict[str, Any], seconds_since_start: int | None) -> str:
     if phase == "capturing":
         if result["decode_captured"] is not None:
             what = f"capturing decode graphs {result['decode_captured']}/{result['decode_expected'] or '?'}"
+        elif (
+            result["prefill_captured"] is not None
+            and result["prefill_captured"] == result["prefill_expected"]
+        ):
+            what = f"capturing: prefill graphs {result['prefill_captured']}/{result['prefill_expected']} done, decode graphs next"
         else:
             what = f"capturing prefill graphs {result['prefill_captured'] or 0}/{result['prefill_expected'] or '?'}"
     elif phase == "failed":

@@ -85,6 +85,23 @@ def test_phases_as_the_log_grows(tmp_path: Path) -> None:
     assert mid["decode_captured"] is None and mid["prefill_captured"] is not None
 
 
+def test_between_the_prefill_and_the_decode_capture_it_is_capturing(tmp_path: Path) -> None:
+    """0.5.23 captures prefill, then decode: a log cut after the prefill end is capturing, not loading weights."""
+    full = (LOGS / "sglang-0.5.23-rendered-from-source.log").read_text()
+    cut = full.index("Capture target decode CUDA graph begin")
+    cut = full.rindex("\n", 0, cut) + 1
+    log = write_partial(tmp_path, full[:cut])
+    _, found = probe("--log", str(log), "--no-http")
+    assert found["phase"] == "capturing" and found["decode_captured"] is None, found
+    done = subprocess.run(
+        [str(HEALTHCHECK), "--status", "--log", str(log), "--no-http"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert "prefill graphs 58/58 done, decode graphs next" in done.stdout, done.stdout
+
+
 def test_status_line_for_people(tmp_path: Path) -> None:
     done = subprocess.run(
         [

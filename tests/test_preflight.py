@@ -411,3 +411,22 @@ def test_the_pods_init_container_waits_until_the_weights_are_complete(tmp_path: 
     said = waiting.stderr.read() if waiting.stderr else ""
     assert said.count("waiting for the weights") == 1 and "is empty" in said  # said once, not every check
     assert "is complete: the server can start" in said
+
+
+def test_mtp_is_refused_for_a_checkpoint_without_its_layer(tmp_path: Path) -> None:
+    """SGLang loads into the draft model only the weights under model.layers.<num_hidden_layers>. and skips the rest
+    without a word (deepseek_weight_loader.py): GLM5_SPECULATIVE=mtp on a checkpoint without them would serve with
+    MTP that never fires."""
+    model = make_model(tmp_path / "m")
+    real = json.loads((ROOT / "tests/fixtures/glm5-config/config.json").read_text())
+    (model / "config.json").write_text(json.dumps(real))  # num_hidden_layers 78, num_nextn_predict_layers 1
+    values = values_for(model, speculative="mtp")
+    (problem,) = preflight.check_model(values)
+    assert problem.code == preflight.MODEL_MTP and problem.setting == "GLM5_SPECULATIVE"
+    assert "model.layers.78.*" in problem.fix
+    assert preflight.check_model(values_for(model)) == []  # without MTP the same folder passes
+    index = model / "model.safetensors.index.json"
+    data = json.loads(index.read_text())
+    data["weight_map"]["model.layers.78.eh_proj.weight"] = SHARDS[0]
+    index.write_text(json.dumps(data))
+    assert preflight.check_model(values) == []
