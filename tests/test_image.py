@@ -96,6 +96,23 @@ def test_compose_config_is_valid() -> None:
     assert done.returncode == 0, done.stderr
 
 
+def test_compose_never_creates_the_model_folder(tmp_path: Path) -> None:
+    """The short syntax makes a missing host folder, owned by root, which `download` (UID 1000) then cannot write.
+    Read by the real compose: the weights are a long-syntax bind with create_host_path false, at GLM5_MODEL_HOST_DIR."""
+    missing = tmp_path / "no such folder"
+    done = subprocess.run(
+        [tool("docker-compose"), "-f", "docker-compose.yml", "config", "--format", "json"],
+        capture_output=True, text=True, cwd=ROOT, check=False, timeout=120,
+        env=os.environ | {"GLM5_MODEL_HOST_DIR": str(missing)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    volumes = json.loads(done.stdout)["services"]["glm5"]["volumes"]
+    (weights,) = [v for v in volumes if v["target"] == settings.resolve({})["model_dir"]]
+    assert weights["type"] == "bind" and weights["source"] == str(missing)
+    assert weights["bind"]["create_host_path"] is False
+    assert not missing.exists()
+
+
 def test_compose_validator_can_fail(tmp_path: Path) -> None:
     text = (ROOT / "docker-compose.yml").read_text().replace("reservations:", "reservation:")
     bad = tmp_path / "docker-compose.yml"

@@ -333,7 +333,8 @@ def test_the_image_folders_and_user_written_by_hand_match_glm5_toml() -> None:
         assert container[probe]["exec"]["command"] == yaml.safe_load(v[want]), probe
     c = compose(ROOT)
     assert c["healthcheck"]["test"] == yaml.safe_load(v["compose_readiness_json"])
-    assert {m.rsplit(":", 1)[1] for m in c["volumes"]} == {v["model_dir"], v["cache_dir"], v["log_dir"]}
+    targets = {m["target"] if isinstance(m, dict) else m.rsplit(":", 1)[1] for m in c["volumes"]}
+    assert targets == {v["model_dir"], v["cache_dir"], v["log_dir"]}
     assert {m.split(":")[0] for m in c["tmpfs"]} >= {v["state_dir"], v["home_dir"]}
     assert all(
         f"uid={v['uid']}," in m for m in c["tmpfs"] if m.split(":")[0] in (v["state_dir"], v["home_dir"])

@@ -249,6 +249,10 @@ def writable(service: dict[str, Any]) -> list[str]:
     """The container paths a compose service can write: its tmpfs mounts and its named volumes not mounted :ro."""
     paths = [t.split(":")[0] for t in service.get("tmpfs", [])]
     for volume in service.get("volumes", []):
+        if isinstance(volume, dict):  # the long syntax: a named volume is type volume
+            if volume["type"] == "volume" and not volume.get("read_only"):
+                paths.append(volume["target"])
+            continue
         source, target, *mode = volume.split(":")
         if not source.startswith((".", "/", "$")) and mode != ["ro"]:
             paths.append(target)
