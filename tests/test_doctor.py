@@ -3,9 +3,12 @@ stand-in nvidia-smi (tests/doubles/nvidia_smi_double.py) and lspci on PATH; the 
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import pty
 import subprocess
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -354,3 +357,53 @@ def test_without_the_record_the_kernels_are_unknown_not_a_crash(tmp_path: Path) 
     box = doctor.Box(environ={}, root=tmp_path)
     found = doctor.check_kernels(box, {"home": "/opt/glm5"})
     assert found.status == "unknown" and "KERNELS-PREBUILT.json" in found.detail
+
+
+def test_the_support_bundle_holds_the_box_and_the_run_and_no_secret(tmp_path: Path) -> None:
+    """`doctor --bundle -`: one archive on stdout; a key and a hub token planted in every file it reads, and in the
+    environment, appear nowhere in it, and the server's private config file (the key's home) is not in it at all."""
+    key, token = "planted-api-key-0123456789abcdef", "hf_plantedHubToken0123456789"
+    bin_dir, box = install_box(tmp_path, gpus(), GOOD_FILES)
+    key_file = tmp_path / "api-key"
+    key_file.write_text(key + "\n")
+    env = kit_env(GLM5_API_KEY_FILE=str(key_file), HF_TOKEN=token) | {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "NVIDIA_SMI_DOUBLE_BOX": str(box),
+    }
+    run_dir, log_dir = Path(env["GLM5_STATE_DIR"]), Path(env["GLM5_LOG_DIR"])
+    run_dir.mkdir(parents=True)
+    log_dir.mkdir(parents=True)
+    (run_dir / "launch.json").write_text(json.dumps({"start": 1, "argv": ["--api-key", key], "pid": 1}))
+    (run_dir / "failed.json").write_text(
+        json.dumps({"code": 70, "reason": f"token {token} refused", "at": "now"})
+    )
+    (run_dir / "server-config.yaml").write_text(f"api-key: {key}\n")
+    (log_dir / "server.log").write_text(
+        f"server_args=ServerArgs(api_key='{key}')\nAuthorization: Bearer some-client-key-987\nthe last line\n"
+    )
+    done = subprocess.run(
+        [str(ROOT / "entrypoint" / "doctor"), "--bundle", "-"], env=env, capture_output=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    with tarfile.open(fileobj=io.BytesIO(done.stdout), mode="r:gz") as archive:
+        texts = {m.name.removeprefix("glm5-bundle/"): archive.extractfile(m).read().decode() for m in archive}  # type: ignore[union-attr]
+    assert {"versions.txt", "configuration.json", "doctor.json", "healthcheck.json", "server.log.tail",
+            "nvidia-smi-topo.txt", "state/launch.json", "state/failed.json", "missing.txt"} <= set(texts)  # fmt: skip
+    assert "state/server-config.yaml" not in texts
+    for name, text in texts.items():
+        assert key not in text and token not in text and "some-client-key-987" not in text, name
+    assert "[redacted]" in texts["state/launch.json"] and "[redacted]" in texts["state/failed.json"]
+    assert texts["server.log.tail"].endswith("the last line\n")
+    assert json.loads(texts["doctor.json"])["checks"] and "nvidia-smi-q.txt" in texts["missing.txt"]
+    assert "GPU0" in texts["nvidia-smi-topo.txt"]
+
+
+def test_the_bundle_refuses_a_terminal() -> None:
+    main, follower = pty.openpty()
+    done = subprocess.run(
+        [str(ROOT / "entrypoint" / "doctor"), "--bundle", "-"], env=kit_env(), stdout=follower,
+        stderr=subprocess.PIPE, timeout=60,
+    )  # fmt: skip
+    os.close(follower)
+    os.close(main)
+    assert done.returncode == 2 and b"redirect it" in done.stderr
