@@ -27,6 +27,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+try:  # the sweep's chart; a host Python without it still gets the table (sweep.md)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+except ImportError:
+    plt = None
+
 from ci import readiness
 from common.report import INVALID_SETTING, SERVER_EXISTS, USAGE, Log, Problems
 from configuration import settings, state
@@ -272,12 +280,10 @@ def table(runs: list[dict[str, Any]], baseline: float) -> str:
     return head + "\n".join(rows) + "\n"
 
 
-def plot(runs: list[dict[str, Any]], baseline: float, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot(runs: list[dict[str, Any]], baseline: float, path: Path) -> str:
+    """Draw the sweep's chart at PATH; what was written, or why nothing was."""
+    if plt is None:
+        return f"no {path.name}: matplotlib is not installed in this Python (pip install matplotlib)"
     labels = [r["label"] for r in runs]
     ok = [r["result"] is not None for r in runs]
     tok = [r["result"]["output_throughput"] if r["result"] else 0 for r in runs]
@@ -311,6 +317,7 @@ def plot(runs: list[dict[str, Any]], baseline: float, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return str(path)
 
 
 def run_target(args: argparse.Namespace, target: readiness.Target, w: Workload) -> dict[str, Any]:
@@ -352,9 +359,9 @@ def sweep(args: argparse.Namespace) -> int:
     finally:
         target.stop()
     (args.out / "sweep.md").write_text(table(runs, baseline))
-    plot(runs, baseline, args.out / "sweep.png")
+    chart = plot(runs, baseline, args.out / "sweep.png")
     print(table(runs, baseline))
-    print(f"ci/bench: wrote {args.out / 'sweep.md'}, {args.out / 'sweep.png'} and one JSON per variant")
+    print(f"ci/bench: wrote {args.out / 'sweep.md'} and one JSON per variant; chart: {chart}")
     return 1 if any(r["result"] is None for r in runs) else 0
 
 

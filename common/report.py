@@ -27,10 +27,11 @@ EXIT_CODES: tuple[tuple[str, str, str], ...] = (
     ("1", "what the tool checks failed: not ready (healthcheck), a check (ci/smoke), a run (ci/bench), "
      "a patch that does not apply or verify (patches/*), a stale file (ci/render --check)", "every tool"),
     ("2", "bad command line (unknown option, wrong argument) or sweep file", "every tool"),
-    ("3", "a GLM5_* setting is invalid, unknown or removed; nothing was started", "entrypoint, launch, healthcheck, ci/smoke, ci/bench"),
+    ("3", "a GLM5_* setting is invalid, unknown or removed; nothing was started", "entrypoint, launch, healthcheck, doctor, download, kernels/build, gateway/launch, ci/smoke, ci/bench"),
     ("4", "the server never became ready (failed start or timeout)", "ci/smoke"),
     ("5", "the compose service already has a container that the tool did not start: nothing was touched (use --url)", "ci/smoke, ci/bench --sweep"),
-    ("10-42", "preflight found a problem with the box, the weights, FlashInfer or the flags (first problem's code)", "entrypoint, launch --prepare"),
+    ("10-42", "preflight found a problem with the box, the weights, FlashInfer or the flags (first problem's code; 41: GLM5_SKIP_PREFLIGHT names an unknown check)", "entrypoint, launch --prepare, launch --dry-run (41)"),
+    ("30-36", "the weights are missing or incomplete, or lack what a setting needs (preflight's model check)", "download, launch --prepare"),
     ("70", "the server kept failing to start (supervisord FATAL)", "entrypoint"),
     ("127", "the server program is not installed", "launch --serve"),
 )  # fmt: skip

@@ -123,9 +123,24 @@ class Box:
             return None
 
 
+# What to do when a reading is missing, by what was read: never the command the doctor just ran.
+UNREADABLE_FIX = {
+    "nvidia-smi": "the container has no working GPU runtime: on the host, `nvidia-smi` must list the 8 GPUs; then "
+    "compose needs the NVIDIA container toolkit (deploy.resources.reservations.devices), Kubernetes the "
+    "`nvidia` RuntimeClass and the device plugin",
+    "/proc/cmdline": "run the doctor on the host instead: sudo entrypoint/doctor --host",
+}
+UNINTERPRETED_FIX = (
+    "a reading of a form the doctor does not know: attach `entrypoint/doctor --bundle - > glm5-bundle.tar.gz` to an "
+    "issue; the other checks still stand"
+)
+
+
 def unreadable(name: str, what: str, box: Box, fix: str = "") -> Check:
     why = box.notes.get(what) or next((v for k, v in box.notes.items() if k.startswith(what)), "no output")
-    return Check(name, "unknown", f"could not read {what}: {why}", fix)
+    return Check(
+        name, "unknown", f"could not read {what}: {why}", fix or UNREADABLE_FIX.get(what, UNINTERPRETED_FIX)
+    )
 
 
 # ---- the readings preflight shares: nvidia-smi's GPU query and /dev/shm, as Problems with their exit codes ----
@@ -343,7 +358,12 @@ def check_pcie_link(box: Box) -> Check:
             "retimer; a bifurcated (x8) slot halves the bandwidth",
         )
     if unknown and len(unknown) == len(rows):
-        return Check("pcie_link", "unknown", "nvidia-smi reports no maximum link for any GPU ([N/A])")
+        return Check(
+            "pcie_link",
+            "unknown",
+            "nvidia-smi reports no maximum link for any GPU ([N/A])",
+            "read the slots' links on the host: sudo lspci -vv -d 10de: | grep -E 'LnkCap|LnkSta'",
+        )
     note = f" (GPU {', '.join(unknown)} unreported)" if unknown else ""
     return Check("pcie_link", "pass", f"every GPU can train to Gen5 x16 or better{note}")
 
@@ -382,7 +402,7 @@ def check_topology(box: Box) -> Check:
     try:
         gpus, rows, devices = parse_matrix(text)
     except StopIteration:
-        return Check("topology", "unknown", "nvidia-smi topo -m printed no GPU matrix")
+        return Check("topology", "unknown", "nvidia-smi topo -m printed no GPU matrix", UNINTERPRETED_FIX)
     kinds: dict[str, list[str]] = {}
     numa: dict[str, str] = {}
     order = {g: int(g[3:]) for g in gpus}
@@ -627,7 +647,12 @@ def run(box: Box, values: Mapping[str, Any], names: tuple[str, ...] = FAST) -> l
             found.append(table[name](box))
         except Exception as err:  # noqa: BLE001 (a parser meeting an output it does not know: unknown, never a crash)
             found.append(
-                Check(name, "unknown", f"could not interpret the reading ({type(err).__name__}: {err})")
+                Check(
+                    name,
+                    "unknown",
+                    f"could not interpret the reading ({type(err).__name__}: {err})",
+                    UNINTERPRETED_FIX,
+                )
             )
     return found
 

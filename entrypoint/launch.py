@@ -41,7 +41,7 @@ def resolve_or_exit() -> config.Effective:
         effective = config.resolve(os.environ)
     except Problems as err:
         LOG.problems(err.problems)
-        sys.exit(INVALID_SETTING)
+        sys.exit(err.code)  # the first problem's, as printed (41 for GLM5_SKIP_PREFLIGHT; else 3)
     return effective
 
 

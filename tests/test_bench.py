@@ -123,8 +123,17 @@ def test_table_and_plot(tmp_path: Path) -> None:
     assert "| mem-0.85 | 3,350 | 1.11x |" in text or "| mem-0.85 | 3,351 | 1.11x |" in text
     assert "| decode-max-bs-768 | - | - | - | - | - | failed: did not become healthy: out of memory |" in text
     png = tmp_path / "sweep.png"
-    bench.plot(runs, 3028, png)
+    assert bench.plot(runs, 3028, png) == str(png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_a_sweep_without_matplotlib_keeps_its_table_and_says_why_there_is_no_chart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A host Python without matplotlib crashed at the end of a sweep of hours; now the chart alone is left out."""
+    monkeypatch.setattr(bench, "plt", None)
+    said = bench.plot([fake_run("baked", 3100.0)], 3028, tmp_path / "sweep.png")
+    assert "matplotlib is not installed" in said and not (tmp_path / "sweep.png").exists()
 
 
 needs_bench_venv = pytest.mark.skipif(

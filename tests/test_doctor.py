@@ -407,3 +407,23 @@ def test_the_bundle_refuses_a_terminal() -> None:
     os.close(follower)
     os.close(main)
     assert done.returncode == 2 and b"redirect it" in done.stderr
+
+
+def test_every_unknown_check_names_a_fix_other_than_the_command_just_run(tmp_path: Path) -> None:
+    """No nvidia-smi and no readable /proc: each check that cannot read its input says what to do instead."""
+    root = tmp_path / "root"
+    root.mkdir()
+    env = kit_env() | {"PATH": f"{tmp_path}:/usr/bin:/bin"}  # no nvidia-smi there
+    done = subprocess.run(
+        [str(ROOT / "entrypoint" / "doctor"), "--json", "--root", str(root)],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    checks = json.loads(done.stdout)["checks"]
+    unknown = [c for c in checks if c["status"] == "unknown"]
+    assert len(unknown) >= 5, checks
+    for check in unknown:
+        assert check["fix"], check
+        assert not check["fix"].startswith(("run nvidia-smi", "nvidia-smi")), check
+    # and a parser meeting an output it does not know: unknown with the fix, never a crash
+    broken = doctor.run(doctor.Box({"PATH": "/nonexistent"}, root), {"home": str(root)} | {}, ("kernels",))
+    assert broken[0].status == "unknown" and broken[0].fix
