@@ -9,7 +9,7 @@ trailing comments (the Dockerfile), `# ci/render: FORM` on its own line above it
 in braces (`{port}`, `{drain_seconds}s`); the end of the line must read as FORM, and ci/render rewrites that end
 with the values filled in. An unknown name, or a line that no longer reads as its FORM, fails the render. Values no
 operator changes (the image's folders, its user) are written plainly; tests/test_render.py checks them against
-glm5.toml. README.md keeps hand-written prose around blocks that ci/render owns between `<!-- ci/render: NAME -->`
+glm5.toml. README.md and docs/ keep hand-written prose around blocks that ci/render owns between `<!-- ci/render: NAME -->`
 and `<!-- ci/render: end NAME -->`. The generated files (the env examples, the PrometheusRule and the dashboard's
 ConfigMap) are written whole from their source. The dashboard's JSON needs grafana-foundation-sdk: its own step,
 ci/render-dashboard, writes it.
@@ -69,6 +69,15 @@ ENV_EXAMPLE = "glm5.env.example"  # from the settings' declarations
 HOST_ENV_EXAMPLE = ".env.example"  # the host-side settings, likewise
 GENERATED = (PROMETHEUS_RULE, DASHBOARD_CONFIGMAP, ENV_EXAMPLE, HOST_ENV_EXAMPLE)
 README = "README.md"
+REFERENCE = "docs/reference.md"
+INTERNALS = "docs/internals.md"
+# The generated blocks (between `<!-- ci/render: NAME -->` markers), by the document that holds them.
+BLOCKS = {
+    README: ("exit-codes", "figures"),
+    REFERENCE: ("configuration", "failure-codes"),
+    INTERNALS: ("kernels",),
+}
+DOCUMENTS = tuple(BLOCKS)
 FIGURES = "ci/figures.toml"  # measured figures, rendered into the README's figures table
 LOG = Log("ci/render")
 MARKER = "# ci/render: "
@@ -329,10 +338,10 @@ def load_figures(root: Path = ROOT) -> list[dict[str, Any]]:
         return list(tomllib.load(fh)["figure"])
 
 
-def replace_block(text: str, name: str, body: str) -> str:
+def replace_block(text: str, name: str, body: str, document: str = README) -> str:
     begin, end = f"<!-- ci/render: {name} -->\n", f"<!-- ci/render: end {name} -->"
     if begin not in text or end not in text:
-        raise RenderError(f"{README}: no block `{begin.strip()}` ... `{end}`: put the markers back")
+        raise RenderError(f"{document}: no block `{begin.strip()}` ... `{end}`: put the markers back")
     head, rest = text.split(begin, 1)
     _, tail = rest.split(end, 1)
     return head + begin + body + end + tail
@@ -348,10 +357,17 @@ def render(root: Path) -> dict[str, str]:
     out[DASHBOARD_CONFIGMAP] = dashboard_configmap((root / DASHBOARD).read_text())
     out[ENV_EXAMPLE] = env_example(cfg)
     out[HOST_ENV_EXAMPLE] = host_env_example(cfg)
-    readme = (root / README).read_text()
-    for name, body in readme_blocks(cfg).items():
-        readme = replace_block(readme, name, body())
-    out[README] = readme
+    blocks = readme_blocks(cfg)
+    placed = [name for names in BLOCKS.values() for name in names]
+    if sorted(placed) != sorted(blocks):
+        raise RenderError(
+            f"ci/render.BLOCKS places {sorted(placed)}, the blocks are {sorted(blocks)}: place each once"
+        )
+    for document, names in BLOCKS.items():
+        text = (root / document).read_text()
+        for name in names:
+            text = replace_block(text, name, blocks[name](), document)
+        out[document] = text
     return out
 
 

@@ -183,7 +183,7 @@ def decide(
             "hung": True,  # the one failure of a start that a restart can clear (liveness acts on it)
             "failure_kind": "hung",
             "reason": f"no server log output for {quiet:.0f} s while {out['phase']} (GLM5_STALL_SECONDS="
-            f"{stall_seconds:g}): a hang; NCCL peer-to-peer on PCIe is the known cause (README: a start that hangs)",
+            f"{stall_seconds:g}): a hang; NCCL peer-to-peer on PCIe is the known cause (README: Troubleshooting)",
         }
     return out
 

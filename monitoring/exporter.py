@@ -133,7 +133,7 @@ def metrics(result: Mapping[str, Any], stall_seconds: float, now: float) -> Iter
         ),
         gauge(
             "glm5_start_failure_code",
-            "0, or what failed: an exit code or a FAILURE_KINDS code (README: Monitoring)",
+            "0, or what failed: an exit code or a FAILURE_KINDS code (docs/reference.md: Failure codes)",
             failure_code(result),
         ),
         gauge(

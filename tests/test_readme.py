@@ -1,5 +1,6 @@
-"""The README's promises kept true: every kit command it documents runs with --help, every GLM5_* variable it
-names is a setting (or a removed one it says so of), and its figures come from ci/figures.toml."""
+"""The documentation's promises kept true (README.md and docs/): every kit command it documents runs with --help,
+every GLM5_* variable it names is a setting (or a removed one it says so of), its figures come from ci/figures.toml,
+and the README fits on a page: at most 350 lines, with a table of contents whose links land on its headings."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from configuration import settings
 from conftest import ROOT
 
 README = (ROOT / "README.md").read_text()
+DOCS = "\n".join([README, *(p.read_text() for p in sorted((ROOT / "docs").glob("*.md")))])
 # A kit path used as a command: not part of a longer path or a file name (.ci/run, ci/figures.toml, configuration/state.py).
 COMMAND = re.compile(
     r"(?<![\w./-])(?:/opt/glm5/)?((?:ci|entrypoint|healthcheck|patches|image|gateway)/[a-z][a-z-]*[a-z])(?![\w./-])"
@@ -34,7 +36,7 @@ def documented_commands(text: str) -> list[str]:
     return sorted(found)
 
 
-COMMANDS = documented_commands(README)
+COMMANDS = documented_commands(DOCS)
 
 
 def test_the_readme_documents_the_kits_commands() -> None:
@@ -68,10 +70,10 @@ def test_every_documented_variable_is_a_setting() -> None:
     decls = settings.declarations(config)
     known = set(decls) | {f"{n}_FILE" for n, s in decls.items() if s.kind == "secret"}
     removed = set(config["removed_setting"])
-    unknown = sorted(documented_variables(README) - known - removed)
+    unknown = sorted(documented_variables(DOCS) - known - removed)
     assert unknown == [], f"the README names variables that are not settings: {unknown}"
-    for name in documented_variables(README) & removed:  # only where it says it was removed
-        assert re.search(rf"{name}\b[^.]*(removed|retired)", README), f"{name} is documented as if it existed"
+    for name in documented_variables(DOCS) & removed:  # only where it says it was removed
+        assert re.search(rf"{name}\b[^.]*(removed|retired)", DOCS), f"{name} is documented as if it existed"
 
 
 def test_an_unknown_variable_in_the_readme_is_caught() -> None:
@@ -101,3 +103,33 @@ def test_readme_checks_can_fail(tmp_path: Path) -> None:
     assert not any(
         re.search(p, README.split("<!-- ci/render: figures -->")[0]) for p in (r"\b\d+ s on 2 cores",)
     )
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation but - and _ dropped, spaces to -."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_the_readme_fits_on_a_page_and_its_contents_land_on_its_headings() -> None:
+    assert len(README.splitlines()) <= 350
+    headings = {anchor(h) for h in re.findall(r"^#{2,4} (.+)$", README, re.M)}
+    contents = README.split("## Contents")[1].split("\n## ")[0]
+    local = re.findall(r"\]\(#([^)]+)\)", contents)
+    assert len(local) >= 8
+    missing = [a for a in local if a not in headings]
+    assert missing == [], f"the contents link to headings that do not exist: {missing}"
+
+
+def test_every_document_link_lands() -> None:
+    """Links from the README and docs/ to files of the kit, and to headings in docs/, resolve."""
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = doc.read_text()
+        for target, fragment in re.findall(r"\]\(([^)#:]+\.md)(?:#([^)]+))?\)", text):
+            path = (doc.parent / target).resolve()
+            assert path.is_file(), f"{doc.name} links to {target}, which does not exist"
+            if fragment:
+                headings = {anchor(h) for h in re.findall(r"^#{1,4} (.+)$", path.read_text(), re.M)}
+                assert fragment in headings, f"{doc.name} links to {target}#{fragment}: no such heading"
+        for fragment in re.findall(r"\]\(#([^)]+)\)", text):
+            headings = {anchor(h) for h in re.findall(r"^#{1,4} (.+)$", text, re.M)}
+            assert fragment in headings, f"{doc.name} links to #{fragment}: no such heading"

@@ -25,7 +25,7 @@ YAML_MARKED = [rel for rel in render.MARKED if rel.endswith((".yml", ".yaml"))]
 def kit_copy(tmp_path: Path) -> Path:
     """The source and every file ci/render keeps, in a folder of their own (with a space in its name)."""
     root = tmp_path / "kit copy"
-    for rel in [render.SOURCE, *render.MARKED, *render.GENERATED, render.DASHBOARD, render.README]:
+    for rel in [render.SOURCE, *render.MARKED, *render.GENERATED, render.DASHBOARD, *render.DOCUMENTS]:
         src, dst = ROOT / rel, root / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(src, dst)
@@ -103,15 +103,17 @@ def test_no_marker_hides_inside_a_yaml_value(rel: str) -> None:
             assert "ci/render" not in text, f"{rel}: {text!r}"
 
 
-@pytest.mark.parametrize("rel", [*render.MARKED, *render.GENERATED, render.README])
+@pytest.mark.parametrize("rel", [*render.MARKED, *render.GENERATED, *render.DOCUMENTS])
 @pytest.mark.boots
 def test_check_names_a_stale_file(tmp_path: Path, rel: str) -> None:
     root = kit_copy(tmp_path)
     assert run_render(root, "--check").returncode == 0
     path = root / rel
     text = path.read_text()
-    if rel == render.README:  # only the generated blocks are the renderer's: change one of their lines
-        path.write_text(text.replace("| `--port` | `30000` |", "| `--port` | `30001` |"))
+    if rel in render.DOCUMENTS:  # only the generated blocks are the renderer's: change one of their lines
+        block = text.split("<!-- ci/render: ", 1)[1].split("\n", 1)[1]  # the first generated block's lines
+        table_line = next(line for line in block.splitlines() if line.startswith("| ") and "---" not in line)
+        path.write_text(text.replace(table_line, table_line + " changed", 1))
     elif rel in render.MARKED:  # a marked value edited by hand, on the first line a marker rewrites
         lines = text.split("\n")
         i = next(marked_lines(text))
@@ -143,7 +145,7 @@ def test_the_port_is_one_edit(tmp_path: Path, port: int) -> None:
     assert p["spec"]["containers"][0]["ports"][0]["containerPort"] == port
     assert yaml.safe_load((root / "k8s/base/service.yaml").read_text())["spec"]["ports"][0]["port"] == port
     assert re.search(rf"\nEXPOSE {port} \d+\n", (root / "Dockerfile").read_text())  # and the exporter's port
-    assert f"| `--port` | `{port}` |" in (root / "README.md").read_text()
+    assert f"| `--port` | `{port}` |" in (root / render.REFERENCE).read_text()
     for rel in [*render.MARKED, *render.GENERATED]:
         assert "30000" not in (root / rel).read_text(), f"{rel} still says 30000"
 
