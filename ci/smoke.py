@@ -4,7 +4,8 @@
     ci/smoke --url http://HOST:30000           test a server that is already running
 
 Checks (each named, with a clear failure message), through the official openai client: models, chat,
-chat_stream, completion, tool_call, reasoning, decode_speed; and metrics (plain HTTP: not an OpenAI route).
+chat_stream, completion, tool_call, reasoning, verification (verify/: the set that catches a healthy server answering
+wrongly), decode_speed; and metrics (plain HTTP: not an OpenAI route).
 Reports time to ready, time to first token and single-stream decode tokens/s as a summary, as JSON
 (smoke.json) and as JUnit XML (smoke.xml) in --report-dir. The URL, port and API key follow
 ci/readiness.py (GLM5_HOST_PORT, GLM5_API_KEY or GLM5_API_KEY_FILE).
@@ -30,6 +31,7 @@ import openai
 from ci import host_versions, readiness
 from common.report import FAILED, INVALID_SETTING, NEVER_READY, OK, SERVER_EXISTS, Log, Problems
 from configuration import settings
+from verify import run as verification
 
 ROOT = Path(__file__).resolve().parent.parent
 PROG = "ci/smoke"
@@ -157,6 +159,17 @@ def check_reasoning(s: Smoke) -> str:
     return f"{len(reasoning)} characters of reasoning, then {content.strip()[:30]!r}"
 
 
+def check_verification(s: Smoke) -> str:
+    """The verification set (verify/): right answers alone, in batches of 8 and 32, from long contexts, as JSON, as
+    a tool call and after reasoning; the per-item report goes to smoke.json."""
+    found = verification.summary(verification.run(verification.openai_asker(s.client), s.model))
+    s.metrics["verification"] = {k: v for k, v in found.items() if k != "results"}
+    s.metrics["verification_items"] = found["results"]
+    if not found["passed"]:
+        raise CheckFailed(f"{found['right']}/{found['items']} right: {'; '.join(found['reasons'])}")
+    return f"{found['right']}/{found['items']} right ({found['accuracy']:.0%}) in {found['seconds']} s"
+
+
 def check_decode_speed(s: Smoke) -> str:
     stream = s.chat(
         messages=[{"role": "user", "content": "Count from 1 to 300, separated by spaces."}],
@@ -194,6 +207,7 @@ CHECKS: list[tuple[str, Callable[[Smoke], str]]] = [
     ("completion", check_completion),
     ("tool_call", check_tool_call),
     ("reasoning", check_reasoning),
+    ("verification", check_verification),
     ("decode_speed", check_decode_speed),
     ("metrics", check_metrics),
 ]

@@ -53,14 +53,15 @@ def test_smoke_passes_against_the_double(tmp_path: Path, containers: list[Contai
     containers.append(c)
     done, report = smoke(c)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "8 passed, 0 failed" in done.stdout
+    assert "9 passed, 0 failed" in done.stdout
     # progress shown
     assert "capturing (prefill" in done.stdout or "loading" in done.stdout or "starting" in done.stdout
     metrics = report["metrics"]
     assert isinstance(metrics, dict)
     assert metrics["time_to_ready_s"] >= 0 and metrics["ttft_s"] >= 0 and metrics["decode_tokens_per_s"] > 0
+    assert metrics["verification"]["passed"] and metrics["verification"]["accuracy"] == 1.0  # type: ignore[index]
     suite = ET.parse(tmp_path / "report" / "smoke.xml").getroot()
-    assert suite.get("tests") == "8" and suite.get("failures") == "0"
+    assert suite.get("tests") == "9" and suite.get("failures") == "0"
     assert [t.get("name") for t in suite] == [
         "models",
         "chat",
@@ -68,6 +69,7 @@ def test_smoke_passes_against_the_double(tmp_path: Path, containers: list[Contai
         "completion",
         "tool_call",
         "reasoning",
+        "verification",
         "decode_speed",
         "metrics",
     ]
@@ -136,4 +138,37 @@ def test_the_host_needs_docker_25_and_compose_2_24() -> None:
     assert len(unreadable) == 1 and unreadable[0].startswith("Docker Compose version unreadable (")
     assert "unknown flag: --short" in unreadable[0] and unreadable[0].endswith(
         "2.24 or newer is needed for env_file's required: false"
+    )
+
+
+@pytest.mark.parametrize(
+    ("mode", "named", "also_failing"),
+    [
+        ("garbage-past-length", "retrieval: wrong retrieval-16000, retrieval-32000", set()),
+        (
+            "wrong-in-batches",
+            "arithmetic at batch 32: ",
+            set(),
+        ),  # how many overlap depends on the threads' timing
+        ("mangled-tool-call", "tool: wrong tool-", {"tool_call"}),
+    ],
+)
+def test_a_healthy_server_answering_wrongly_fails_the_verification_with_its_items_named(
+    tmp_path: Path, containers: list[Container], mode: str, named: str, also_failing: set[str]
+) -> None:
+    """The failures users meet on SM120 NVFP4: healthy by every probe, wrong past a context length, wrong only in
+    larger batches, a mangled tool call. The double answers each way; the verification names what went wrong."""
+    c = start(tmp_path, mode)
+    containers.append(c)
+    done, report = smoke(c, timeout="120")
+    assert done.returncode == 1, done.stdout + done.stderr
+    checks = {r["name"]: r for r in report["checks"]}  # type: ignore[attr-defined]
+    assert not checks["verification"]["passed"] and named in checks["verification"]["message"], checks[
+        "verification"
+    ]
+    assert {n for n, r in checks.items() if not r["passed"]} == {"verification"} | also_failing
+    assert "batch 1:" not in checks["verification"]["message"]  # alone, every mode answers right
+    items = report["metrics"]["verification_items"]  # type: ignore[index]
+    assert len(items) == 57 and all(
+        {"kind", "batch", "prompt_tokens", "expected", "received", "seconds"} <= set(i) for i in items
     )

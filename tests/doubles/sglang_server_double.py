@@ -16,6 +16,14 @@ stuck (SGLANG_DOUBLE_STUCK_AFTER seconds after ready the scheduler's step never 
 collective), hang-loading (the log stops
 during weight loading, the process lives).
 
+It answers questions by reading them, as a model would and without the kit's generator: a capital from its own
+table, arithmetic by computing it, a code planted in a long context by finding it, JSON sums and products, a time
+after a journey, a tool call's arguments from the request. The wrong modes answer wrongly the way SM120 NVFP4 bugs
+do: garbage-past-length (garbled text for prompts longer than SGLANG_DOUBLE_GARBAGE_AFTER characters, default
+40000: a fault only long contexts reach), wrong-in-batches (an arithmetic answer off by one while more than 4
+requests are in flight: one batch size's graph wrong, batch 1 right), mangled-tool-call (arguments that are not
+JSON).
+
 /health and /ready as 0.5.23 (entrypoints/http_server.py health_generate and ready, managers/
 tokenizer_manager.py is_healthy/is_ready): both 503 while starting or draining; /health sends a one-token
 request and polls every 1 s for any output from the scheduler (which comes when its current forward step
@@ -44,6 +52,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -188,12 +197,47 @@ def first_start() -> bool:
     return True
 
 
+CAPITALS = {"france": "Paris", "japan": "Tokyo", "italy": "Rome", "egypt": "Cairo", "canada": "Ottawa"}
+GARBAGE_AFTER = int(os.environ.get("SGLANG_DOUBLE_GARBAGE_AFTER", "40000"))
+BATCH_WRONG_ABOVE = 4  # wrong-in-batches: more requests in flight than this
+
+
+def read_and_answer(prompt: str) -> str | None:
+    """An answer worked out from the question itself, or None for a question it cannot read."""
+    if m := re.search(r"Compute \((\d+) \+ (\d+)\) \* (\d+) - (\d+)\.", prompt):
+        a, b, c, d = map(int, m.groups())
+        value = (a + b) * c - d
+        if "wrong-in-batches" in MODES:
+            time.sleep(0.3)  # requests sent together overlap here, as a batch would
+            if len(IN_FLIGHT) > BATCH_WRONG_ABOVE:
+                value += 1
+        return str(value)
+    if m := re.search(r"What is the secret code for (\w+)\?", prompt):
+        found = re.search(rf"The secret code for {m.group(1)} is (\w+)\.", prompt)
+        return found.group(1) if found else "I do not know."
+    if m := re.search(r'"sum" and "product" for the numbers (\d+) and (\d+)', prompt):
+        a, b = map(int, m.groups())
+        return json.dumps({"sum": a + b, "product": a * b})
+    if m := re.search(r"leaves at (\d+):(\d+) pm and travels (\d+) hours (\d+) minutes", prompt):
+        h, mi, sh, sm = map(int, m.groups())
+        total = h * 60 + mi + sh * 60 + sm
+        return f"It arrives at {total // 60}:{total % 60:02d} pm."
+    if m := re.search(r"capital of (\w+)\?", prompt):
+        return CAPITALS.get(m.group(1).lower())
+    return None
+
+
 def answer(prompt: str) -> str:
     if "empty-text" in MODES:
         return ""
     if "wrong-answer" in MODES:
         return "Lyon"
+    if "garbage-past-length" in MODES and len(prompt) > GARBAGE_AFTER:
+        return "zq!! ##\u00a4 0x0 0x0 0x0"
     low = prompt.lower()
+    read = read_and_answer(prompt)
+    if read is not None:
+        return read
     return next((a for q, a in ANSWERS.items() if q in low), "I do not know.")
 
 
@@ -334,7 +378,9 @@ class Handler(BaseHTTPRequestHandler):
             self.send_json(404, {"detail": "Not Found"})
 
     def usage(self, prompt: str, text: str) -> dict[str, int]:
-        p, c = max(1, len(prompt.split())), len(text.split())
+        # About 4 characters a token for English text, the common rule of thumb for BPE tokenizers
+        # (help.openai.com/en/articles/4936856): a long prompt reports a length of the order a tokenizer would.
+        p, c = max(1, len(prompt) // 4), len(text.split())
         return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
     def count(self, prompt: str, text: str) -> None:
@@ -356,6 +402,8 @@ class Handler(BaseHTTPRequestHandler):
             fn = tools[0]["function"]
             params = fn.get("parameters", {})
             arguments = {k: "Paris" for k in params.get("required", params.get("properties", {}))}
+            if m := re.search(r"weather in (\w+) right now, in (celsius|fahrenheit)", prompt):
+                arguments = {"location": m.group(1), "unit": m.group(2)}
             message = {
                 "role": "assistant",
                 "content": None,
@@ -364,7 +412,12 @@ class Handler(BaseHTTPRequestHandler):
                         "id": "call_" + uuid.uuid4().hex[:8],
                         "index": 0,
                         "type": "function",
-                        "function": {"name": fn["name"], "arguments": json.dumps(arguments)},
+                        "function": {
+                            "name": fn["name"],
+                            "arguments": json.dumps(arguments)[:-1] + ","
+                            if "mangled-tool-call" in MODES
+                            else json.dumps(arguments),
+                        },
                     }
                 ],
             }

@@ -1,0 +1,95 @@
+"""The verification set and its rule (verify/), judged in-process; tests/test_smoke.py runs it through ci/smoke against
+the server double and each of its wrong modes."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any
+
+from verify import items, run
+
+
+def right_answer(item: items.Item) -> dict[str, Any]:
+    """The message a correct server would send for ITEM (from the item's expectation: this tests the judge)."""
+    if item.kind == "tool":
+        name, arguments = item.expected
+        return {
+            "content": None,
+            "tool_calls": [{"function": {"name": name, "arguments": json.dumps(arguments)}}],
+        }
+    if item.kind == "json":
+        return {"content": json.dumps(item.expected)}
+    if item.kind == "reasoning":
+        return {"content": f"It arrives at {item.expected[:-2]} pm.", "reasoning_content": "2 h 45 after ..."}
+    return {"content": f"The answer is {item.expected}."}
+
+
+def asker(wrong: set[str] = frozenset(), tokens: int | None = None) -> run.Ask:  # type: ignore[assignment]
+    by_prompt = {i.prompt: i for i in items.generate()}
+
+    def ask(request: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
+        item = by_prompt[request["messages"][0]["content"]]
+        message = {"content": "zq!! 0x0"} if item.id in wrong else right_answer(item)
+        return message, tokens if tokens is not None else len(item.prompt) // 4
+
+    return ask
+
+
+def test_the_set_is_generated_the_same_each_time_and_covers_each_failure() -> None:
+    first, second = items.generate(), items.generate()
+    assert first == second and len({i.id for i in first}) == len(first)
+    kinds = Counter((i.kind, i.batch) for i in first)
+    assert kinds[("arithmetic", 8)] == 8 and kinds[("arithmetic", 32)] == 32 and kinds[("arithmetic", 1)] == 4
+    retrieval = [i for i in first if i.kind == "retrieval"]
+    assert (
+        min(i.min_prompt_tokens for i in retrieval)
+        < 2048
+        <= 32_000
+        <= max(i.min_prompt_tokens for i in retrieval)
+    )
+    for (
+        item
+    ) in retrieval:  # sized for at least its tokens at five characters a token, the planted fact deep in it
+        assert len(item.prompt) >= item.min_prompt_tokens * items.CHARS_PER_TOKEN
+        assert item.prompt.index(f"is {item.expected}.") < 0.5 * len(item.prompt)
+    assert {i.kind for i in first} == {"fact", "arithmetic", "retrieval", "json", "tool", "reasoning"}
+    assert all(not i.thinking for i in first if i.kind != "reasoning")  # no answer lost to thinking
+
+
+def test_a_correct_server_passes_and_each_kind_of_fault_fails_with_its_items_named() -> None:
+    assert run.verdict(run.run(asker(), "glm-5"))[0]
+    one_slip = run.verdict(run.run(asker({"arithmetic-b8-3"}), "glm-5"))
+    assert one_slip == (True, [])  # 7/8: a model's slip, not a broken batch size
+    batch = {f"arithmetic-b32-{i}" for i in range(32)}
+    passed, reasons = run.verdict(run.run(asker(batch), "glm-5"))
+    assert not passed and reasons == ["arithmetic at batch 32: 0/32 right (wrong: " + ", ".join(
+        f"arithmetic-b32-{i}" for i in range(6)) + ")"]  # fmt: skip
+    passed, reasons = run.verdict(run.run(asker({"retrieval-32000"}), "glm-5"))
+    assert not passed and reasons == ["retrieval: wrong retrieval-32000"]
+    passed, reasons = run.verdict(run.run(asker({"tool-madrid"}), "glm-5"))
+    assert not passed and "tool: wrong tool-madrid" in reasons
+
+
+def test_a_long_item_that_did_not_reach_its_length_is_not_counted_right() -> None:
+    results = run.run(asker(tokens=1000), "glm-5")
+    short = [r for r in results if r.kind == "retrieval" and r.id != "retrieval-1500"]
+    assert short and all(not r.right and "did not cross its length" in r.received for r in short)
+
+
+def test_the_judge_reads_tool_calls_json_and_reasoning_strictly() -> None:
+    (tool,) = [i for i in items.generate() if i.id == "tool-madrid"]
+    mangled = {"tool_calls": [{"function": {"name": "get_weather", "arguments": '{"location": "Madrid",'}}]}
+    assert tool.judge(mangled) == (False, 'get_weather({"location": "Madrid",): not JSON')
+    other = {
+        "tool_calls": [
+            {"function": {"name": "get_weather", "arguments": '{"location": "Madrid", "unit": "kelvin"}'}}
+        ]
+    }
+    assert not tool.judge(other)[0]
+    (reasoning,) = [i for i in items.generate() if i.kind == "reasoning"]
+    assert not reasoning.judge({"content": f"{reasoning.expected[:-2]} pm"})[0]  # no reasoning_content: wrong
+    summary = run.summary(run.run(asker(), "glm-5"))
+    assert (
+        summary["passed"] and summary["accuracy"] == 1.0 and len(summary["results"]) == summary["items"] == 57
+    )
