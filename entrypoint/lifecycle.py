@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import sys
 import xmlrpc.client
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -85,16 +85,6 @@ def watch(rpc: Supervisor, judge: Callable[[], dict[str, Any]]) -> bool:
     return True
 
 
-def stall_judge(environ: Mapping[str, str]) -> Callable[[], dict[str, Any]] | None:
-    """The healthcheck's decision from the log alone, with this run's settings; None when they are invalid (then
-    no server starts, and there is nothing to watch)."""
-    try:
-        args = probe.parse_args(["--no-http"], probe.settings_of_this_run(dict(environ)))
-    except Problems:
-        return None
-    return lambda: probe.probe(args)
-
-
 def give_up(code: int, values: dict[str, Any], rpc: Supervisor) -> None:
     if values["on_failure"] == "exit":
         LOG.error(f"failed (exit code {code}): stopping the container (GLM5_ON_FAILURE=exit)")
@@ -113,14 +103,21 @@ def main() -> int:
     except Problems as err:
         return LOG.problems(err.problems)
     rpc = childutils.getRPCInterface(os.environ).supervisor
-    judge = stall_judge(os.environ)
+
+    def judge() -> dict[str, Any]:
+        """The healthcheck's decision from the log, with the current start's settings (nothing to judge when not
+        even glm5.toml's folders can be used: then no server runs)."""
+        try:
+            return probe.from_the_log(os.environ)[1]
+        except Problems:
+            return {}
+
     while True:
         headers, payload = childutils.listener.wait(sys.stdin, sys.stdout)
         event, _data = childutils.eventdata(payload + "\n")
         try:
             if headers["eventname"].startswith("TICK_"):
-                if judge is not None:
-                    watch(rpc, judge)
+                watch(rpc, judge)  # asks the judge only while the server runs: never under invalid settings
             else:
                 on_event(headers["eventname"], event, values, rpc)
         except (xmlrpc.client.Fault, OSError) as err:  # supervisord shutting down: nothing is left to start

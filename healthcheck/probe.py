@@ -24,6 +24,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -184,6 +185,13 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
     result["log_quiet_seconds"] = None if quiet is None else round(quiet, 1)
     result["ready_at"] = scan.ready_at
     return result
+
+
+def from_the_log(environ: Mapping[str, str]) -> tuple[argparse.Namespace, dict[str, Any]]:
+    """The probe without HTTP, with the settings of the current run (read anew: each start has its launch.json), as
+    the exporter runs it on a scrape, the stall watchdog on a tick and the support bundle once: its args and result."""
+    args = parse_args(["--no-http"], settings_of_this_run(dict(environ)))
+    return args, probe(args)
 
 
 def log_quiet_seconds(log: Path) -> float | None:

@@ -181,9 +181,7 @@ class StartCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         try:
-            run = probe.settings_of_this_run(self.environ)
-            args = probe.parse_args(["--no-http"], run)
-            result = probe.probe(args)
+            args, result = probe.from_the_log(self.environ)
             yield from metrics(result, args.stall_seconds, time.time())
         except (
             OSError,
