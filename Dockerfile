@@ -82,13 +82,14 @@ COPY entrypoint/ /opt/glm5/entrypoint/
 COPY healthcheck/ /opt/glm5/healthcheck/
 COPY gateway/ /opt/glm5/gateway/
 COPY monitoring/ /opt/glm5/monitoring/
+COPY verify/ /opt/glm5/verify/
 # The build's identity keys the JIT caches on the volume (/cache/build-ID/, entrypoint/glm5.toml [[env]]):
 # what compiled kernels depend on (the base, its CUDA, the Python stack, the patches). Another build never loads them.
 ARG BASE_IMAGE
 RUN { printf '%s\n' "${BASE_IMAGE}" "${CUDA_MAJOR_MINOR}"; cat /opt/glm5/image/requirements.lock /opt/glm5/patches/series /opt/glm5/patches/*.patch; } \
       | sha256sum | cut -c1-16 > /opt/glm5/BUILD-ID
 # Bytecode now: the image never writes it (PYTHONDONTWRITEBYTECODE), and every probe imports these modules.
-RUN python3 -m compileall -q /opt/glm5/common /opt/glm5/configuration /opt/glm5/entrypoint /opt/glm5/healthcheck /opt/glm5/monitoring/exporter.py /opt/glm5/patches /opt/glm5/image /opt/glm5/kernels
+RUN python3 -m compileall -q /opt/glm5/common /opt/glm5/configuration /opt/glm5/entrypoint /opt/glm5/healthcheck /opt/glm5/monitoring/exporter.py /opt/glm5/verify /opt/glm5/patches /opt/glm5/image /opt/glm5/kernels
 
 # Non-root: SGLang needs no root; the GPUs come through the NVIDIA runtime's device files.
 RUN if id -u ubuntu >/dev/null 2>&1; then userdel --remove ubuntu; fi \

@@ -53,6 +53,7 @@ FAILURE_KINDS: tuple[tuple[int, str, str], ...] = (
     (210, "decode_short", "fewer decode CUDA graphs captured than expected"),
     (211, "prefill_short", "fewer prefill CUDA graphs captured than expected"),
     (212, "no_decode_capture", "ready without a decode CUDA graph capture: decode runs without graphs"),
+    (213, "wrong_answers", "the start's verification failed: the server answers wrongly (GLM5_VERIFY; verified.json names the items)"),
 )  # fmt: skip
 FAILURE_CODE = {kind: code for code, kind, _ in FAILURE_KINDS}
 

@@ -70,6 +70,7 @@ class Effective:
             "health_timeout_seconds": self.values["health_timeout_seconds"],
             "stall_seconds": self.values["stall_seconds"],
             "accept_partial_capture": self.values["accept_partial_capture"],
+            "verify": self.values["verify"],
             "decode_batch_sizes": self.decode_sizes,
             "decode_expected": len(self.decode_sizes),
             "prefill_token_sizes": self.prefill_sizes,

@@ -8,6 +8,7 @@ the start marker line in the server log. Only this module names them.
 | `capture.json` | healthcheck | healthcheck | the capture facts of a start once capture is done (the log's tail window may lose them later); written only when it changes |
 | `failed.json` | launch --prepare (an invalid setting, preflight), entrypoint/lifecycle (FATAL) | healthcheck, the exporter, entrypoint.sh (its exit code), people | a failure a restart cannot fix: `{"code", "reason", "at"}`; the container stays up showing it (GLM5_ON_FAILURE=wait); removed at the next prepare |
 | `doctor.json` | launch --prepare | launch --serve (into launch.json as `doctor_warnings`) | the doctor's warnings about this box |
+| `verified.json` | verify/gate (after each start's warm-up) | healthcheck, the exporter, people | the start's verification: `{"start", "build_id", "passed", "accuracy", "reasons", "regressed", "results"}` (verify/run.py's summary); a start counts as ready only once its own is there and passed (GLM5_VERIFY) |
 | `server-config.yaml` | launch --serve | the server (`--config`) | options that must be on no command line (the API key); mode 0600, removed when the server exits; the state dir is a tmpfs in compose and the pod |
 | `supervisord.pid`, `supervisor.sock` | supervisord | supervisorctl | supervisord's own (named in supervisord.conf) |
 | marker line in server.log | launch --serve | healthcheck (logscan) | `===== glm5-serve: server start #N at ISO-TIME pid P: ... =====`: everything after the last marker is the current start |
@@ -37,7 +38,8 @@ STARTS = "starts"
 SERVER_CONFIG = "server-config.yaml"
 FAILED = "failed.json"
 DOCTOR = "doctor.json"
-FILES = (STARTS, LAUNCH, CAPTURE, SERVER_CONFIG, FAILED, DOCTOR)
+VERIFIED = "verified.json"  # the verification of the latest start (verify/gate.py)
+FILES = (STARTS, LAUNCH, CAPTURE, SERVER_CONFIG, FAILED, DOCTOR, VERIFIED)
 MARKER_TEXT = "glm5-serve: server start #"
 MARKER = re.compile(
     rb"glm5-serve: server start #(\d+) at (\S+)(?: pid \d+: decode graphs expected (\d+), prefill (\d+))?"
@@ -158,12 +160,24 @@ def write_capture(state_dir: str | Path, facts: dict[str, Any]) -> None:
     file, text = path(state_dir, CAPTURE), json.dumps(facts)
     try:
         if not file.exists() or file.read_text() != text:
-            # Whole or not at all: the probes and the exporter write it concurrently.
-            staged = file.with_name(f".{CAPTURE}.{os.getpid()}")
-            staged.write_text(text)
-            staged.replace(file)
+            write_whole(file, text)  # the probes and the exporter write it concurrently
     except OSError:
         pass  # a read-only or missing state dir costs the tail-window memory, not the probe
+
+
+def write_whole(file: Path, text: str) -> None:
+    """Whole or not at all: a reader never sees half a file."""
+    staged = file.with_name(f".{file.name}.{os.getpid()}")
+    staged.write_text(text)
+    staged.replace(file)
+
+
+def read_verified(state_dir: str | Path) -> dict[str, Any] | None:
+    return read_json(path(state_dir, VERIFIED))
+
+
+def write_verified(state_dir: str | Path, record: dict[str, Any]) -> None:
+    write_whole(path(state_dir, VERIFIED), json.dumps(record) + "\n")
 
 
 def write_failed(state_dir: str | Path, code: int, reason: str) -> None:

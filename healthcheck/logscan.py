@@ -41,6 +41,11 @@ EVENTS: dict[str, re.Pattern[bytes]] = {
     "decode_frame": re.compile(rb"Capturing batches \(bs=\d+" + FRAME_TAIL),
     "decode_end": re.compile(rb"Capture target (?:decode|verify) CUDA graph end\.(?: bs=" + NUMS + rb")?"),
     "decode_end_legacy": re.compile(rb"Capture cuda graph end\. Time elapsed"),
+    # 0.5.23 srt/managers/scheduler.py (rank 0, once the KV pool is sized): what this replica can hold at once.
+    "capacity": re.compile(
+        rb"max_total_num_tokens=(\d+), chunked_prefill_size=(-?\d+), max_prefill_tokens=(\d+), "
+        rb"max_running_requests=(\d+), context_len=(\d+), available_gpu_mem=([0-9.]+) GB"
+    ),
     "ready": re.compile(rb"The server is fired up and ready to roll!"),
     "traceback": re.compile(rb"Traceback \(most recent call last\)"),
     "oom": re.compile(rb"(?:OutOfMemoryError|CUDA out of memory)[^\r\n]*"),
@@ -56,6 +61,8 @@ EVENTS: dict[str, re.Pattern[bytes]] = {
     ),
     "killed": re.compile(rb"kill_process_tree[^\r\n]*"),
 }
+CAPACITY = ("max_total_num_tokens", "chunked_prefill_size", "max_prefill_tokens", "max_running_requests",
+            "context_len", "available_gpu_mem_gb")  # fmt: skip
 # Events that end the server whenever they come; a plain traceback or OOM ends only a start (before ready).
 PROCESS_FATAL = ("sigquit", "process_exception", "nccl_watchdog", "killed")
 START_FATAL = ("traceback", "oom", "capture_failed")
@@ -72,6 +79,7 @@ KEYWORDS = (
     b"hit an exception",
     b"atchdog",
     b"kill_process_tree",
+    b"max_total_num_tokens=",
 )
 # SGLang's record stamp at a line's start: local time (utils/common.py configure_logger: datefmt
 # "%Y-%m-%d %H:%M:%S", milliseconds with SGLANG_LOG_MS), then an optional rank prefix.
@@ -100,6 +108,7 @@ class Scan:
         self.failure_event: str | None = None  # the EVENTS name that set `failure`
         # The ready line's own stamp (the server's local time), if it has one.
         self.ready_at: str | None = None
+        self.capacity: dict[str, float] | None = None  # the scheduler's sizes line (CAPACITY keys)
         self.bytes_read = bytes_read
         for key, value in facts.items():
             if not hasattr(self, key):
@@ -165,6 +174,8 @@ def record(result: Scan, name: str, m: re.Match[bytes], data: bytes, end: int) -
         result.decode_list = numbers(m.group(1))
     elif name == "decode_end" and result.decode_captured_list is None and m.group(1) is not None:
         result.decode_captured_list = numbers(m.group(1))
+    elif name == "capacity":
+        result.capacity = dict(zip(CAPACITY, (float(x) for x in m.groups()), strict=True))
     elif name == "prefill_frame":
         result.prefill_frame = (int(m.group(1)), int(m.group(2)))
     elif name == "decode_frame":

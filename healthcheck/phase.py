@@ -3,7 +3,7 @@
 No I/O here: the probe (healthcheck/probe.py) reads the log, the state files, /proc and /health and
 passes what it read in. Each step is a function of its arguments, testable alone.
 
-Phases: starting, loading, capturing, warming_up, ready, failed.
+Phases: starting, loading, capturing, warming_up, verifying, ready, failed.
 """
 
 from __future__ import annotations
@@ -117,6 +117,7 @@ def decide(
         "ready_line": "ready" in scan.seen,
         "http": http,
         "server_alive": alive,
+        "capacity": scan.capacity,  # what the replica holds at once, from the scheduler's line (None before it)
         "failure_kind": None,  # what failed, as a key of common.report.FAILURE_KINDS (metrics carry its code)
     }
     if scan.failure:
@@ -188,6 +189,59 @@ def decide(
     return out
 
 
+def verification_of(verified: dict[str, Any] | None, start: int | None) -> dict[str, Any] | None:
+    """What the start's own verification found (verified.json, verify/gate.py), without the per-item rows; None
+    before it is done or when the file is an earlier start's."""
+    if verified is None or start is None or verified.get("start") != start:
+        return None
+    keys = (
+        "passed",
+        "accuracy",
+        "right",
+        "items",
+        "reasons",
+        "regressed",
+        "compared_with",
+        "seconds",
+        "build_id",
+    )
+    wrong = [r["id"] for r in verified.get("results", []) if not r.get("right")]
+    return {k: verified.get(k) for k in keys} | {"wrong": wrong}
+
+
+def gated(result: dict[str, Any], mode: str, verified: dict[str, Any] | None) -> dict[str, Any]:
+    """The correctness gate over a decided phase (GLM5_VERIFY): a start the log and /health call ready counts as
+    ready only once its own verification passed; until then it is verifying. With enforce a wrong one is failed
+    (wrong_answers, not hung: greedy answers repeat, so a restart cannot clear them and liveness leaves it); with
+    report it is ready and says so; off: the phase as decided."""
+    found = verification_of(verified, result["start"])
+    out = result | {"verify": mode, "verification": found}
+    if (
+        mode == "off"
+        or result["phase"] != "ready"
+        or result["http"] not in (None, 200)
+        or result["start"] is None
+    ):
+        return out  # (no start marker: a log not of this kit's starts, nothing verified it)
+    if found is None:
+        return out | {
+            "phase": "verifying",
+            "reason": "the server is up; answering the verification set (verify/) before it counts as ready",
+        }
+    if found["passed"]:
+        return out
+    wrong = "; ".join(found["reasons"] or ["no reason recorded"])
+    if mode == "report":
+        return out | {"reason": f"verification FAILED, serving anyway (GLM5_VERIFY=report): {wrong}"}
+    return out | {
+        "phase": "failed",
+        "failure_kind": "wrong_answers",
+        "hung": False,
+        "reason": f"verification failed, the server answers wrongly: {wrong} (verified.json lists every item; "
+        "README: Verification; GLM5_VERIFY=report serves anyway)",
+    }
+
+
 def explain_failure(scan: Scan) -> str:
     reason = scan.failure or ""
     if "decode_begin" in scan.seen and not decode_done(scan):
@@ -239,7 +293,14 @@ def status_line(result: dict[str, Any], seconds_since_start: int | None) -> str:
         what += f", {result['reason']}" if result["reason"] else ""
     elif phase == "ready":
         what = f"ready (decode {result['decode_captured']}/{result['decode_expected']}, prefill {result['prefill_captured']}/{result['prefill_expected']})"
+        if (found := result.get("verification")) is not None and found["passed"]:
+            what += f", verified {found['right']}/{found['items']}"
+        if (room := result.get("capacity")) is not None:
+            what += f", {room['max_total_num_tokens']:.0f} KV tokens, {room['max_running_requests']:.0f} running requests at most"
         what += f", {result['reason']}" if result["reason"] else ""
+    elif phase == "verifying":
+        what = f"verifying (graphs done: decode {result['decode_captured']}/{result['decode_expected']}; the "
+        what += "verification set runs before it counts as ready)"
     elif phase == "loading":
         what = "loading weights"
     else:

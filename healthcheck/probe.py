@@ -8,7 +8,8 @@ counts and /health answers 200; otherwise says which phase the start is in.
     healthcheck/healthcheck --json            the state as one JSON object
     healthcheck/healthcheck --log FILE --no-http --json    judge a saved log alone
 
-Phases: starting, loading, capturing, warming_up, ready, failed. Exit 0 when ready and /health 200 (with --live:
+Phases: starting, loading, capturing, warming_up, verifying, ready, failed. Exit 0 when ready (verified, GLM5_VERIFY)
+and /health 200 (with --live:
 unless the start is hung or a ready server's /health fails; with --started: once ready or failed), 1 otherwise,
 2 bad usage, 3 an invalid GLM5_* setting.
 
@@ -38,7 +39,7 @@ def settings_of_this_run(environ: dict[str, str] | os._Environ[str]) -> dict[str
     launch.json (validated by launch at start), else from glm5.toml and the environment."""
     state_dir = environ.get("GLM5_STATE_DIR", "").strip()
     launch = state.read_launch(state_dir) if state_dir.startswith("/") else None
-    keys = ("log_dir", "port", "health_timeout_seconds", "accept_partial_capture", "stall_seconds")
+    keys = ("log_dir", "port", "health_timeout_seconds", "accept_partial_capture", "stall_seconds", "verify")
     if launch is not None and all(k in launch for k in keys):
         return {"state_dir": state_dir} | {k: launch[k] for k in keys}
     # Before the first start (or offline): glm5.toml and the environment, an invalid setting at its default as
@@ -119,6 +120,12 @@ def parse_args(argv: list[str] | None, run: dict[str, Any]) -> argparse.Namespac
         default=float(run["stall_seconds"]),
         help="no log output for this long while starting, loading or capturing: failed (a hang)",
     )
+    parser.add_argument(
+        "--verify",
+        choices=("enforce", "report", "off"),
+        default=run["verify"],
+        help="the correctness gate (GLM5_VERIFY): ready only once the start's verification passed",
+    )
     parser.add_argument("--json", action="store_true", help="print the state as JSON")
     parser.add_argument("--status", action="store_true", help="print one line for people")
     parser.add_argument(
@@ -170,6 +177,8 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
         http = http_status(args.url, "/health", args.timeout)
     quiet = None if offline or not data else log_quiet_seconds(args.log_path)
     result = phase.decide(scan, expected, alive, args.accept_partial, http, quiet, args.stall_seconds)
+    if not offline:  # a saved log alone has no verification to read
+        result = phase.gated(result, args.verify, state.read_verified(args.state.parent))
     recorded = None if offline else state.read_failed(args.state.parent)
     if recorded is not None:  # the entrypoint gave up and waits, showing why
         result |= {

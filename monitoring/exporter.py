@@ -30,7 +30,7 @@ from configuration import state
 from healthcheck import probe
 
 LOG = Log("monitoring/exporter")
-PHASES = ("starting", "loading", "capturing", "warming_up", "ready", "failed")
+PHASES = ("starting", "loading", "capturing", "warming_up", "verifying", "ready", "failed")
 GRAPHS = ("decode", "prefill")
 # Every metric this exporter can expose (tests/test_monitoring.py holds the dashboard and the alerts to these).
 NAMES = (
@@ -46,6 +46,16 @@ NAMES = (
     "glm5_start_progress_age_seconds",
     "glm5_start_stall_seconds",
     "glm5_server_alive",
+    "glm5_capacity_max_running_requests",
+    "glm5_capacity_max_prefill_tokens",
+    "glm5_capacity_chunked_prefill_size",
+    "glm5_capacity_available_gpu_memory_bytes",
+    "glm5_verification_passed",
+    "glm5_verification_accuracy",
+    "glm5_verification_items_wrong",
+    "glm5_verification_regressed",
+    "glm5_verification_item_wrong",
+    "glm5_verification_seconds",
     "glm5_doctor_warnings",
     "glm5_doctor_warning",
     "glm5_exporter_scrape_errors",
@@ -158,6 +168,8 @@ def metrics(result: Mapping[str, Any], stall_seconds: float, now: float) -> Iter
         ),
     )
     yield from (f for f in families if f is not None)
+    yield from capacity(result.get("capacity"))
+    yield from verification(result.get("verification"))
     warnings = result.get("doctor_warnings") or []
     count = GaugeMetricFamily(
         "glm5_doctor_warnings", "Warnings the doctor gave about this box at the last start"
@@ -169,6 +181,56 @@ def metrics(result: Mapping[str, Any], stall_seconds: float, now: float) -> Iter
     )
     for check in sorted({str(w).split(":", 1)[0] for w in warnings}):
         each.add_metric([check], 1.0)
+    yield each
+
+
+def capacity(room: Mapping[str, float] | None) -> Iterator[Metric]:
+    """What the replica holds at once, from the scheduler's sizes line: what SGLang's /metrics lacks (it exports
+    sglang:max_total_num_tokens and sglang:context_len, not these), for sizing the gateway's admission."""
+    if room is None:
+        return
+    families = (
+        gauge("glm5_capacity_max_running_requests", "Requests the server runs at once (its scheduler's bound)",
+              room["max_running_requests"]),
+        gauge("glm5_capacity_max_prefill_tokens", "Tokens one prefill batch takes at most", room["max_prefill_tokens"]),
+        gauge("glm5_capacity_chunked_prefill_size", "Prefill chunk, tokens (-1: not chunked)", room["chunked_prefill_size"]),
+        gauge("glm5_capacity_available_gpu_memory_bytes", "GPU memory left after the KV pool and graphs (rank 0)",
+              room["available_gpu_mem_gb"] * 2**30),
+    )  # fmt: skip
+    yield from (f for f in families if f is not None)
+
+
+def verification(found: Mapping[str, Any] | None) -> Iterator[Metric]:
+    """The current start's verification (verify/gate), once it is done: nothing before."""
+    if found is None:
+        return
+    families = (
+        gauge(
+            "glm5_verification_passed",
+            "1 when the start's verification passed, 0 when it failed",
+            found["passed"],
+        ),
+        gauge(
+            "glm5_verification_accuracy",
+            "Share of the verification items answered rightly",
+            found["accuracy"],
+        ),
+        gauge("glm5_verification_items_wrong", "Verification items answered wrongly", len(found["wrong"])),
+        gauge(
+            "glm5_verification_regressed",
+            "Items right on the previous verified build and wrong now (0 when there is none to compare with)",
+            len(found["regressed"] or []),
+        ),
+        gauge("glm5_verification_seconds", "How long the verification set took", found["seconds"]),
+    )
+    yield from (f for f in families if f is not None)
+    each = GaugeMetricFamily(
+        "glm5_verification_item_wrong",
+        "1 for each verification item answered wrongly (verified.json)",
+        labels=["item"],
+    )
+    for item in found["wrong"]:
+        each.add_metric([item], 1.0)
     yield each
 
 

@@ -180,7 +180,9 @@ def health_server() -> Iterator[str]:
     server.shutdown()
 
 
-def run_dir(tmp_path: Path, fixture: str, start: int | None = None, pid: int | None = None) -> dict[str, str]:
+def run_dir(
+    tmp_path: Path, fixture: str, start: int | None = None, pid: int | None = None, verified: bool = True
+) -> dict[str, str]:
     (tmp_path / "log").mkdir(exist_ok=True)
     (tmp_path / "run").mkdir(exist_ok=True)
     text = (LOGS / fixture).read_text()
@@ -190,12 +192,26 @@ def run_dir(tmp_path: Path, fixture: str, start: int | None = None, pid: int | N
         )
         state = {"start": start, "pid": pid, "decode_expected": 52, "prefill_expected": 58}
         (tmp_path / "run" / "launch.json").write_text(json.dumps(state))
+        if verified:  # verify/gate's record of this start (tests/test_verify_gate.py boots the gate itself)
+            record = {"start": start, "passed": True, "right": 57, "items": 57, "reasons": [], "results": []}
+            (tmp_path / "run" / "verified.json").write_text(json.dumps(record))
     (tmp_path / "log" / "server.log").write_text(text)
     return {"GLM5_LOG_DIR": str(tmp_path / "log"), "GLM5_STATE_DIR": str(tmp_path / "run")}
 
 
 @pytest.mark.boots
 def test_ready_needs_health_200(tmp_path: Path, health_server: str) -> None:
+    env = run_dir(
+        tmp_path, "sglang-0.5.23-rendered-from-source.log", start=1, pid=os.getpid(), verified=False
+    )
+    Health.status = 200
+    code, state = probe("--url", health_server, **env)
+    assert (code, state["phase"], state["http"]) == (
+        1,
+        "verifying",
+        200,
+    )  # up, its verification not yet there
+    assert probe("--url", health_server, "--verify", "off", **env)[1]["phase"] == "ready"
     env = run_dir(tmp_path, "sglang-0.5.23-rendered-from-source.log", start=1, pid=os.getpid())
     Health.status = 503
     code, state = probe("--url", health_server, **env)

@@ -39,6 +39,7 @@ SHELL_SCRIPTS = [
     "healthcheck/healthcheck",
     "image/assert-versions",
     "monitoring/exporter",
+    "verify/gate",
     "patches/apply",
     "patches/verify",
     "kernels/build",

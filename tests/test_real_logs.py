@@ -90,3 +90,21 @@ def test_a_dynamo_failure_is_named_by_its_exception() -> None:
         assert found["phase"] == "failed" and "torch._dynamo.exc.Unsupported: " in found["reason"], found[
             "reason"
         ]
+
+
+def test_the_capacity_line_of_real_logs_is_read_as_printed() -> None:
+    """0.5.23's scheduler line (srt/managers/scheduler.py:1269), as two real starts printed it (one with a rank
+    prefix): the healthcheck's capacity, and the status line that shows it once ready."""
+    real = ROOT / "tests" / "fixtures" / "logs" / "real"
+    newest = logscan.scan(next(real.glob("13-*.log")).read_bytes())
+    assert newest.capacity == {"max_total_num_tokens": 392920, "chunked_prefill_size": 8192,
+                               "max_prefill_tokens": 16384, "max_running_requests": 4096, "context_len": 40960,
+                               "available_gpu_mem_gb": 10.54}  # fmt: skip
+    ranked = logscan.scan(next(real.glob("15-*.log")).read_bytes())
+    assert ranked.capacity is not None and ranked.capacity["max_running_requests"] == 2913
+    shown = phase.decide(newest, (None, None), None, True, 200)
+    assert shown["capacity"] == newest.capacity
+    assert "392920 KV tokens, 4096 running requests at most" in phase.status_line(shown, None)
+    assert (
+        logscan.scan(b"max_total_num_tokens=1, chunked_prefill_size=2").capacity is None
+    )  # not a whole line

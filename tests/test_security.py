@@ -272,7 +272,7 @@ def bwrap_for(tmp: Path, service: dict[str, Any], root: Path) -> tuple[list[str]
     aims = {
         DEPLOYMENT["state_dir"]: "GLM5_STATE_DIR",
         DEPLOYMENT["log_dir"]: "GLM5_LOG_DIR",
-        DEPLOYMENT["cache_dir"]: "XDG_CACHE_HOME",
+        DEPLOYMENT["cache_dir"]: "GLM5_CACHE_DIR",
         "/home/glm5": "HOME",
     }
     binds: list[tuple[str, Path]] = []
@@ -302,7 +302,7 @@ def test_the_entrypoint_serves_under_a_read_only_root_with_only_the_compose_writ
     with urllib.request.urlopen(f"http://127.0.0.1:{exporter_port}/metrics", timeout=10) as r:
         assert 'glm5_start_phase{phase="ready"} 1.0' in r.read().decode()
     written = {p.name for p in (tmp_path / "rw").iterdir() if any(p.iterdir())}
-    assert {"run-glm5", "var-log-glm5"} <= written
+    assert {"run-glm5", "var-log-glm5", "cache"} <= written  # the cache: the build's verification record
     assert stop_inside(c) == 0
     assert "Read-only file system" not in c.entrypoint_output.read_text()
 

@@ -97,7 +97,9 @@ def test_smoke_with_an_api_key(tmp_path: Path, containers: list[Container]) -> N
 def test_smoke_fails_on_a_broken_server(
     tmp_path: Path, containers: list[Container], mode: str, check: str, message: str
 ) -> None:
-    c = start(tmp_path, mode)
+    c = start(
+        tmp_path, mode, GLM5_VERIFY="report"
+    )  # the start's own gate would hold it at failed: ci/smoke's checks
     containers.append(c)
     done, report = smoke(c)
     assert done.returncode == 1
@@ -113,6 +115,16 @@ def test_smoke_fails_when_never_ready(tmp_path: Path, containers: list[Container
     assert done.returncode == 4  # NEVER_READY
     assert "never became ready" in done.stderr and "--- last log lines ---" in done.stderr
     assert "Uvicorn running" in done.stderr  # the last log lines are shown
+
+
+def test_smoke_reports_a_start_its_own_verification_failed(
+    tmp_path: Path, containers: list[Container]
+) -> None:
+    c = start(tmp_path, "wrong-in-batches")  # GLM5_VERIFY=enforce, the default: the start never turns ready
+    containers.append(c)
+    done, _ = smoke(c, timeout="60")
+    assert done.returncode == 4, done.stdout + done.stderr  # NEVER_READY
+    assert "verification failed, the server answers wrongly: arithmetic at batch " in done.stderr, done.stderr
 
 
 def test_smoke_reports_a_failed_start_with_its_reason(tmp_path: Path, containers: list[Container]) -> None:
@@ -158,7 +170,7 @@ def test_a_healthy_server_answering_wrongly_fails_the_verification_with_its_item
 ) -> None:
     """The failures users meet on SM120 NVFP4: healthy by every probe, wrong past a context length, wrong only in
     larger batches, a mangled tool call. The double answers each way; the verification names what went wrong."""
-    c = start(tmp_path, mode)
+    c = start(tmp_path, mode, GLM5_VERIFY="report")  # serving though wrong: what ci/smoke itself must catch
     containers.append(c)
     done, report = smoke(c, timeout="120")
     assert done.returncode == 1, done.stdout + done.stderr

@@ -4,10 +4,13 @@ the server double and each of its wrong modes."""
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
-from verify import items, run
+from healthcheck import phase
+from verify import gate, items, run
 
 
 def right_answer(item: items.Item) -> dict[str, Any]:
@@ -93,3 +96,53 @@ def test_the_judge_reads_tool_calls_json_and_reasoning_strictly() -> None:
     assert (
         summary["passed"] and summary["accuracy"] == 1.0 and len(summary["results"]) == summary["items"] == 57
     )
+
+
+READY = {"phase": "ready", "start": 3, "http": 200, "reason": None}
+
+
+def record(start: int, wrong: set[str] = frozenset(), build: str = "a" * 16) -> dict[str, Any]:  # type: ignore[assignment]
+    found = run.summary(run.run(asker(wrong), "glm-5"))
+    return found | {"start": start, "build_id": build, "regressed": [], "compared_with": None}
+
+
+def test_the_gate_holds_a_ready_start_at_verifying_until_its_own_verification() -> None:
+    assert phase.gated(READY, "enforce", None)["phase"] == "verifying"
+    assert (
+        phase.gated(READY, "enforce", record(2))["phase"] == "verifying"
+    )  # an earlier start's is not this one's
+    assert phase.gated(READY, "enforce", record(3))["phase"] == "ready"
+    assert phase.gated(READY, "off", None)["phase"] == "ready"
+    assert phase.gated(READY | {"http": 503}, "enforce", None)["phase"] == "ready"  # /health decides first
+    assert phase.gated(READY | {"phase": "capturing"}, "enforce", None)["phase"] == "capturing"
+
+
+def test_a_wrong_verification_fails_the_start_with_enforce_and_is_only_reported_with_report() -> None:
+    wrong = record(3, {"tool-madrid"})
+    failed = phase.gated(READY, "enforce", wrong)
+    assert (
+        failed["phase"] == "failed" and failed["failure_kind"] == "wrong_answers" and failed["hung"] is False
+    )
+    assert "tool: wrong tool-madrid" in failed["reason"] and failed["verification"]["wrong"] == [
+        "tool-madrid"
+    ]
+    reported = phase.gated(READY, "report", wrong)
+    assert reported["phase"] == "ready" and "verification FAILED, serving anyway" in reported["reason"]
+
+
+def test_regressions_are_items_right_on_the_earlier_build_and_wrong_now(tmp_path: Path) -> None:
+    for build, wrong, passed in (
+        ("old", set(), True),
+        ("older", {"fact-japan"}, True),
+        ("bad", set(), False),
+    ):
+        (tmp_path / f"build-{build}").mkdir()
+        body = record(1, wrong, build) | {"passed": passed}
+        (tmp_path / f"build-{build}" / gate.RECORD).write_text(json.dumps(body))
+    os.utime(tmp_path / "build-older" / gate.RECORD, (1, 1))  # the oldest
+    earlier = gate.earlier_build(tmp_path, "new")
+    assert earlier is not None and earlier["build_id"] == "old"  # the newest passed one, never a failed one
+    assert gate.earlier_build(tmp_path, "old")["build_id"] == "older"  # type: ignore[index]
+    now = record(1, {"fact-japan", "json-0"})["results"]
+    assert gate.regressions(now, earlier["results"]) == ["fact-japan", "json-0"]
+    assert gate.regressions(now, gate.earlier_build(tmp_path, "old")["results"]) == ["json-0"]  # type: ignore[index]

@@ -9,7 +9,9 @@ correct model may slip on one arithmetic item of eight; one slip passes, a broke
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -48,6 +50,25 @@ def openai_asker(client: Any) -> Ask:
         extra = getattr(reply.choices[0].message, "model_extra", None) or {}
         message.setdefault("reasoning_content", extra.get("reasoning_content"))
         return message, reply.usage.prompt_tokens if reply.usage else None
+
+    return ask
+
+
+def http_asker(base_url: str, api_key: str | None, timeout: float) -> Ask:
+    """An Ask over plain HTTP (the container's own gate: no client library in the probe's path), the request as the
+    openai client sends it (extra_body merged into the body)."""
+
+    def ask(request: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
+        body = {k: v for k, v in request.items() if k != "extra_body"} | request.get("extra_body", {})
+        headers = {"Content-Type": "application/json"} | (
+            {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        )
+        sent = urllib.request.Request(
+            f"{base_url}/v1/chat/completions", json.dumps(body).encode(), headers, method="POST"
+        )
+        with urllib.request.urlopen(sent, timeout=timeout) as response:
+            reply = json.loads(response.read())
+        return reply["choices"][0]["message"], (reply.get("usage") or {}).get("prompt_tokens")
 
     return ask
 

@@ -184,7 +184,9 @@ def startup(args: argparse.Namespace) -> None:
             rank,
         )
     log(
-        "max_total_num_tokens=412160, chunked_prefill_size=8192, max_running_requests=1024, context_len=202752, available_gpu_mem=15.61 GB",
+        # srt/managers/scheduler.py:1269, 0.5.23's order and fields (max_prefill_tokens: --max-prefill-tokens' default)
+        f"max_total_num_tokens={CAPACITY_TOKENS}, chunked_prefill_size=8192, max_prefill_tokens=16384, "
+        f"max_running_requests={CAPACITY_REQUESTS}, context_len=202752, available_gpu_mem=15.61 GB",
         0,
     )
 
@@ -198,6 +200,8 @@ def first_start() -> bool:
 
 
 CAPITALS = {"france": "Paris", "japan": "Tokyo", "italy": "Rome", "egypt": "Cairo", "canada": "Ottawa"}
+CAPACITY_TOKENS = int(os.environ.get("SGLANG_DOUBLE_MAX_TOTAL_TOKENS", "412160"))
+CAPACITY_REQUESTS = int(os.environ.get("SGLANG_DOUBLE_MAX_RUNNING_REQUESTS", "1024"))
 GARBAGE_AFTER = int(os.environ.get("SGLANG_DOUBLE_GARBAGE_AFTER", "40000"))
 BATCH_WRONG_ABOVE = 4  # wrong-in-batches: more requests in flight than this
 
@@ -591,6 +595,13 @@ def scheduler_steps() -> None:
         STATE["last_receive"] = time.time()
 
 
+class Server(ThreadingHTTPServer):
+    """uvicorn's listen backlog (its --backlog, 2048 by default: www.uvicorn.org/settings), not socketserver's 5: 32 sent
+    together on a loaded machine otherwise overflow it and get connection resets SGLang never gives."""
+
+    request_queue_size = 2048
+
+
 def main() -> None:
     if sys.argv[1:2] == ["--scheduler-child"]:
         scheduler_child()
@@ -599,7 +610,7 @@ def main() -> None:
     SCHEDULERS.append(child)
     startup(args)  # loading and capture: SIGTERM's default action ends the process here
     Handler.args = args
-    server = ThreadingHTTPServer((args.host, args.port), Handler)
+    server = Server((args.host, args.port), Handler)
 
     def stop_http(_sig: int, _frame: Any) -> None:  # http_server.py: SIGTERM -> server.stop
         child.terminate()

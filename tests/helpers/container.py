@@ -6,6 +6,7 @@ A thin layer over ci/readiness.py's Local target, so the tests boot and wait exa
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import sys
@@ -20,10 +21,21 @@ from conftest import ROOT
 DOUBLE = ROOT / "tests" / "doubles" / "sglang_server_double.py"
 
 
+LISTEN_PORTS = range(20000, 32768)  # below Linux's ephemeral range (ip_local_port_range: 32768-60999)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port free now, for a server that binds it seconds later: never one from the ephemeral range, where the
+    kernel hands the same number to an outgoing connection meanwhile (a client's 32 concurrent requests took a
+    booting replica's port, and its gate then verified another replica)."""
+    while True:
+        port = random.choice(LISTEN_PORTS)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
 
 
 @dataclass

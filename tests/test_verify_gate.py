@@ -1,0 +1,132 @@
+"""The correctness gate of every start (verify/gate under the real supervisord, entrypoint.sh as PID 1, the server
+double): a right server turns ready only after its verification; each wrong mode of the double never turns ready
+and the healthcheck and the exporter name the wrong items; report serves anyway; a later build names what regressed."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import healthcheck_json
+from helpers.container import Container, start
+from verify import items
+
+pytestmark = pytest.mark.boots
+
+
+def scrape(c: Container) -> str:
+    port = c.target.env["GLM5_EXPORTER_PORT"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        return r.read().decode()
+
+
+def metric(text: str, name: str, labels: str = "") -> float | None:
+    found = re.search(rf"^{name}{re.escape(labels)} ([0-9.e+-]+)$", text, re.M)
+    return float(found.group(1)) if found else None
+
+
+def settled(c: Container, timeout: float = 90) -> tuple[dict[str, Any], list[str]]:
+    """Wait until the start is over (ready or failed); its JSON and every phase seen on the way."""
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        _code, found = healthcheck_json(c.target.env)
+        if not seen or seen[-1] != found["phase"]:
+            seen.append(found["phase"])
+        if found["phase"] in ("ready", "failed"):
+            return found, seen
+        time.sleep(0.3)
+    raise AssertionError(f"not settled in {timeout} s: {seen}\n{c.entrypoint_output.read_text()[-3000:]}")
+
+
+def test_a_right_server_is_verifying_then_ready_and_its_build_keeps_the_result(
+    tmp_path: Path, containers: list[Container]
+) -> None:
+    c = start(tmp_path, GLM5_CACHE_DIR=str(tmp_path / "cache"))
+    containers.append(c)
+    found, seen = settled(c)
+    assert found["phase"] == "ready" and seen[-2:] == ["verifying", "ready"], (seen, found["reason"])
+    assert found["verification"]["passed"] and found["verification"]["items"] == len(items.generate())
+    record = json.loads((tmp_path / "cache" / "build-dev" / "verification.json").read_text())
+    assert record["start"] == 1 and record["passed"] and record["compared_with"] is None
+    assert {r["id"] for r in record["results"]} == {i.id for i in items.generate()}
+    text = scrape(c)
+    assert metric(text, "glm5_verification_passed") == 1.0
+    assert metric(text, "glm5_start_phase", '{phase="ready"}') == 1.0
+    # The scheduler's sizes line, as the double prints 0.5.23's: what SGLang's /metrics lacks.
+    assert metric(text, "glm5_capacity_max_running_requests") == 1024.0
+    assert metric(text, "glm5_capacity_max_prefill_tokens") == 16384.0
+    assert found["capacity"]["max_total_num_tokens"] == 412160
+
+
+WRONG_MODES = {  # mode -> the verify/run.py verdict reasons it must produce, and items that must be named
+    "garbage-past-length": ("retrieval: wrong retrieval-16000, retrieval-32000", {"retrieval-16000", "retrieval-32000"}),
+    "wrong-in-batches": ("arithmetic at batch 32", {"arithmetic-b8-0", "arithmetic-b32-0"}),
+    "mangled-tool-call": ("tool: wrong tool-", {i.id for i in items.generate() if i.kind == "tool"}),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", sorted(WRONG_MODES))
+def test_a_wrong_server_never_turns_ready_and_says_which_items(
+    mode: str, tmp_path: Path, containers: list[Container]
+) -> None:
+    c = start(tmp_path, mode, GLM5_CACHE_DIR=str(tmp_path / "cache"))
+    containers.append(c)
+    found, seen = settled(c)
+    reason, named = WRONG_MODES[mode]
+    assert found["phase"] == "failed" and found["failure_kind"] == "wrong_answers", found
+    assert "verifying" in seen and "ready" not in seen, seen
+    assert reason in found["reason"], found["reason"]
+    assert named <= set(found["verification"]["wrong"]), found["verification"]["wrong"]
+    assert "fact-france" not in found["verification"]["wrong"]  # only what the mode breaks
+    code, _ = healthcheck_json(c.target.env)
+    assert code == 1
+    text = scrape(c)
+    assert metric(text, "glm5_start_failure_code") == 213.0  # common/report.py FAILURE_KINDS: wrong_answers
+    assert metric(text, "glm5_verification_passed") == 0.0
+    for item in named:
+        assert metric(text, "glm5_verification_item_wrong", f'{{item="{item}"}}') == 1.0
+    time.sleep(3)  # still failed, and not restarted by the watchdog: a restart repeats greedy answers
+    assert healthcheck_json(c.target.env)[1]["phase"] == "failed" and "server start #2" not in c.output()
+
+
+def test_report_serves_anyway_and_a_later_build_names_what_regressed(
+    tmp_path: Path, containers: list[Container]
+) -> None:
+    earlier = tmp_path / "cache" / "build-0123456789abcdef"
+    earlier.mkdir(parents=True)
+    every = [{"id": i.id, "right": True} for i in items.generate()]
+    (earlier / "verification.json").write_text(
+        json.dumps({"build_id": "0123456789abcdef", "passed": True, "results": every})
+    )
+    c = start(tmp_path, "mangled-tool-call", GLM5_CACHE_DIR=str(tmp_path / "cache"), GLM5_VERIFY="report")
+    containers.append(c)
+    found, _seen = settled(c)
+    assert found["phase"] == "ready" and "verification FAILED, serving anyway" in found["reason"]
+    tools = sorted(i.id for i in items.generate() if i.kind == "tool")
+    rows = json.loads((tmp_path / "run" / "verified.json").read_text())["results"]
+    assert found["verification"]["regressed"] == tools, [
+        (r["id"], r["received"]) for r in rows if not r["right"]
+    ]
+    assert found["verification"]["compared_with"] == "0123456789abcdef"
+    assert metric(scrape(c), "glm5_verification_regressed") == float(len(tools))
+    assert (
+        "right on build 0123456789abcdef, wrong now: " + ", ".join(tools) in c.entrypoint_output.read_text()
+    )
+
+
+def test_off_is_ready_without_verifying(tmp_path: Path, containers: list[Container]) -> None:
+    c = start(tmp_path, "wrong-in-batches", GLM5_VERIFY="off")
+    containers.append(c)
+    found, seen = settled(c)
+    assert found["phase"] == "ready" and "verifying" not in seen and found["verification"] is None
+    assert (
+        "GLM5_VERIFY=off: starts count as ready without the verification set"
+        in c.entrypoint_output.read_text()
+    )

@@ -1,0 +1,140 @@
+"""The correctness gate of every start: once the server is up after its warm-up, answer the verification set against
+it and record the result, so that the healthcheck counts the start as ready only when it answers rightly.
+
+    verify/gate            run by supervisord beside the server (entrypoint/supervisord.conf), for each start
+    verify/gate --once     verify the current start once, print the summary, exit 0 passed / 1 failed / 4 not up
+
+Each start's result goes to the state folder (verified.json: what the healthcheck and the exporter read) and, per
+build, to the cache volume ({cache_root}/verification.json, one folder per image build): a start of a different
+build compares its items with the newest passed record of another build and lists those that went from right to
+wrong (`regressed`), the first sign of a kernel regression after an upgrade. GLM5_VERIFY=off: nothing runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from common.report import FAILED, INVALID_SETTING, NEVER_READY, OK, Log, Problems
+from configuration import config, state
+from healthcheck import probe
+from verify import run
+
+LOG = Log("verify")
+RECORD = "verification.json"  # in the cache volume's folder of this build
+POLL_SECONDS = 2.0
+REQUEST_TIMEOUT = (
+    600.0  # one item: the 32k retrieval prefill is ~8 s on the box; a stuck server is the watchdog's
+)
+
+
+def regressions(now: list[dict[str, Any]], before: list[dict[str, Any]]) -> list[str]:
+    """The items right in the earlier record and wrong now, by id (the set is fixed by its seed: ids match)."""
+    right_before = {r["id"] for r in before if r.get("right")}
+    return sorted(r["id"] for r in now if not r["right"] and r["id"] in right_before)
+
+
+def earlier_build(cache_dir: Path, build_id: str) -> dict[str, Any] | None:
+    """The newest passed record of another build on this cache volume."""
+    found = []
+    for file in cache_dir.glob(f"build-*/{RECORD}"):
+        record = state.read_json(file)
+        if record and record.get("build_id") != build_id and record.get("passed"):
+            found.append((file.stat().st_mtime, record))
+    return max(found, key=lambda pair: pair[0])[1] if found else None
+
+
+def record_for_build(values: Mapping[str, Any], record: dict[str, Any]) -> None:
+    """Keep the result on the cache volume for this build; a volume that cannot take it costs the comparison only."""
+    folder = Path(values["cache_root"])
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        state.write_whole(folder / RECORD, json.dumps(record) + "\n")
+    except OSError as err:
+        LOG.warning(
+            f"cannot keep the result in {folder} ({err.strerror}): the next build cannot compare with it"
+        )
+
+
+def verify(values: Mapping[str, Any], start: int, ask: run.Ask) -> dict[str, Any]:
+    """Answer the set, judge it, compare it with the newest passed record of another build; the whole record."""
+    LOG.info(f"start #{start}: answering the verification set before the start counts as ready")
+    found = run.summary(run.run(ask, values["served_model_name"]))
+    earlier = earlier_build(Path(values["cache_dir"]), values["build_id"])
+    record = found | {
+        "start": start,
+        "build_id": values["build_id"],
+        "at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "compared_with": earlier["build_id"] if earlier else None,
+        "regressed": regressions(found["results"], earlier["results"]) if earlier else [],
+    }
+    state.write_verified(values["state_dir"], record)
+    record_for_build(values, record)
+    said = f"{found['right']}/{found['items']} right in {found['seconds']} s"
+    if record["regressed"]:
+        LOG.warning(f"right on build {record['compared_with']}, wrong now: {', '.join(record['regressed'])}")
+    if found["passed"]:
+        LOG.info(f"start #{start}: verified, {said}")
+    else:
+        LOG.error(f"start #{start}: verification FAILED, {said}: {'; '.join(found['reasons'])}")
+    return record
+
+
+def awaiting(environ: Mapping[str, str], port: int) -> int | None:
+    """The start to verify now: one the healthcheck holds at verifying (up after its warm-up, its own verification
+    not yet there) whose /health answers 200, else None."""
+    args, result = probe.from_the_log(environ)
+    if result["phase"] != "verifying":
+        return None
+    return (
+        result["start"]
+        if probe.http_status(f"http://127.0.0.1:{port}", "/health", args.timeout) == 200
+        else None
+    )
+
+
+def asker_for(values: Mapping[str, Any]) -> run.Ask:
+    return run.http_asker(f"http://127.0.0.1:{values['port']}", values["api_key"], REQUEST_TIMEOUT)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="verify/gate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--once", action="store_true", help="verify the current start once and exit")
+    args = parser.parse_args(argv)
+    try:
+        values = config.resolve(os.environ).values
+    except (
+        Problems
+    ) as err:  # preflight records the same problems as the start's failure: no server will start
+        LOG.problems(err.problems, "invalid setting(s): no start to verify")
+        return OK if not args.once else INVALID_SETTING  # under supervisord: done, not a process to restart
+    if values["verify"] == "off" and not args.once:
+        LOG.warning("GLM5_VERIFY=off: starts count as ready without the verification set")
+        return OK
+    ask = asker_for(values)
+    if args.once:
+        start = awaiting(os.environ, values["port"]) or (state.read_launch(values["state_dir"]) or {}).get(
+            "start"
+        )
+        if start is None:
+            LOG.error("no start of the server to verify (healthcheck --status says why)")
+            return NEVER_READY
+        record = verify(values, int(start), ask)
+        print(json.dumps({k: v for k, v in record.items() if k != "results"}, indent=2))
+        return OK if record["passed"] else FAILED
+    while True:  # each start once: the healthcheck stops saying verifying once its verified.json is there
+        start = awaiting(os.environ, values["port"])
+        if start is not None:
+            verify(values, start, ask)
+        time.sleep(POLL_SECONDS)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
