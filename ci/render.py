@@ -121,6 +121,8 @@ def values(cfg: Mapping[str, Any]) -> dict[str, Any]:
     for key, value in cfg["gateway"].items():
         if not isinstance(value, list):
             v[f"gateway_{key}"] = value
+    # smg keeps listening min(grace / 2, 5 s) after SIGTERM (for load balancers to notice), then drains the rest.
+    v["gateway_stop_grace_seconds"] = v["gateway_shutdown_grace_seconds"] + 5 + v["stop_margin_seconds"]
     problems = [
         f"stop_margin_seconds = {v['stop_margin_seconds']}: supervisord needs time to kill and exit after the drain; use 5 or more"
         for _ in [1]

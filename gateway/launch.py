@@ -1,11 +1,13 @@
 """Start the SGLang Model Gateway (smg) in front of the GLM-5 replicas, the API key on no command line.
 
-    gateway/launch --discovery-file FILE [-- SMG-FLAGS...]      plain Docker hosts (compose profile gateway)
+    gateway/launch --discovery-file FILE [-- SMG-FLAGS...]      plain Docker hosts (compose profile gateway): smg
+                                                                routes to the ready replicas of FILE (gateway/rotation.py)
     gateway/launch --kubernetes NAMESPACE [-- SMG-FLAGS...]     the Kubernetes overlay: pods of this namespace
     gateway/launch ... --dry-run                                print smg's arguments (the key redacted), start nothing
 
 The flags come from entrypoint/glm5.toml's [gateway] (policy, worker health checks that follow the replicas'
-readiness rule, ports), then the discovery, then any SMG-FLAGS; smg's own parser (smg.launch_router.
+readiness rule, ports), then admission sized from the replicas (each replica's largest captured decode batch, times
+the replicas: FILE's workers or [gateway].replicas; a queue as long again), then the discovery, then any SMG-FLAGS; smg's own parser (smg.launch_router.
 parse_router_args) checks them all. The key, GLM5_API_KEY or GLM5_API_KEY_FILE as for the replicas, is added
 to the parsed arguments inside this process and smg is run from Python (smg.launch_router.launch_router), so it
 is in no argv (ps, /proc/PID/cmdline, the pod spec). smg checks it on /v1/* and forwards the client's own
@@ -23,13 +25,40 @@ import os
 import shlex
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from common.report import INVALID_SETTING, USAGE, Log, Problems
 from configuration import settings
+from configuration.batch_sizes import effective_decode_max_bs
+from gateway.rotation import Rotation, read_workers
 
 LOG = Log("gateway")
 SELECTOR = "app.kubernetes.io/name=glm5-serve app.kubernetes.io/component=server"
+
+
+def admission(values: Mapping[str, Any], replicas: int, gateways: int = 1) -> list[str]:
+    """Bounded concurrency and queue for `replicas` replicas, shared by `gateways` gateways (smg bounds each process
+    alone; glm5.toml [gateway] says why these sizes), and the routing that keeps each replica near its capacity."""
+    gw = settings.load_config()["gateway"]
+    per_replica = effective_decode_max_bs(
+        values["cuda_graph_max_bs_decode"], values["speculative"] != "off", values["max_running_requests"]
+    )
+    bound = max(1, max(1, replicas) * per_replica // max(1, gateways))
+    # cache_aware keeps a shared prefix on one replica until its load passes the fleet's mean by the spill margin
+    # (smg's default: 64 requests and 1.5 times the mean): at saturation, where the mean is a replica's capacity, one
+    # replica would hold 1.5 times it, the rest queued in it. 1/64th of the capacity and 1.1 times keep each near it
+    # (tests/test_rollout.py: at most capacity + 1 at 4x overload; smg's defaults put all of it on one replica).
+    spill = max(1, per_replica // 64)
+    # smg's worker overload protection (on by default: 8 waiting requests) leaves a loaded worker out while another
+    # is under the thresholds, and 1.13.0 counts a worker draining out of the rotation (5 s) as that other one: the
+    # last live replica is left out and requests fail with no_available_workers (measured: 4,048 of 8,648 during a
+    # rolling replacement at 40 clients; none with it off). The admission bound above guards the replicas instead.
+    return ["--max-concurrent-requests", str(bound), "--queue-size", str(bound),
+            "--queue-timeout-secs", str(gw["queue_timeout_seconds"]),
+            "--balance-abs-threshold", str(spill), "--balance-rel-threshold", "1.1",
+            "--disable-worker-overload-protection",
+            "--shutdown-grace-period-secs", str(gw["shutdown_grace_seconds"])]  # fmt: skip
 
 
 def smg_argv(values: Mapping[str, Any], args: argparse.Namespace) -> list[str]:
@@ -39,8 +68,11 @@ def smg_argv(values: Mapping[str, Any], args: argparse.Namespace) -> list[str]:
     argv += ["--prometheus-host", "0.0.0.0", "--health-check-port", str(gw["probe_port"])]
     argv += [str(f).format(**values) for f in gw["flags"]]
     if args.discovery_file:
-        argv += ["--discovery-provider", "file", "--discovery-file", args.discovery_file]
+        listed = read_workers(Path(args.discovery_file)) or []
+        argv += admission(values, len(listed))
+        argv += ["--discovery-provider", "file", "--discovery-file", args.rotation_file]
     elif args.kubernetes:
+        argv += admission(values, int(gw["replicas"]), int(gw["gateways"]))
         # Its own namespace only (without it smg watches every namespace and needs cluster-wide rights).
         argv += ["--discovery-provider", "kubernetes", "--service-discovery-namespace", args.kubernetes]
         argv += ["--selector", *SELECTOR.split(), "--service-discovery-port", str(values["port"])]
@@ -52,6 +84,11 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--discovery-file", help='the replicas: {"version": 1, "workers": [{"id", "url"}]}')
     where.add_argument("--kubernetes", metavar="NAMESPACE", help="discover the server pods of this namespace")
+    parser.add_argument(
+        "--rotation-file",
+        default=settings.load_config()["gateway"]["rotation_file"],
+        help="where the ready replicas of --discovery-file are written for smg (a writable folder)",
+    )
     parser.add_argument(
         "--dry-run", action="store_true", help="print smg's arguments (key redacted) and stop"
     )
@@ -79,6 +116,14 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
         return 0
     if not key:
         LOG.warning("no GLM5_API_KEY(_FILE): the gateway answers anyone who reaches its port")
+    if args.discovery_file:
+        try:
+            Rotation(
+                Path(args.discovery_file), Path(args.rotation_file), int(values["exporter_port"])
+            ).start()
+        except OSError as err:
+            LOG.error(f"--rotation-file {args.rotation_file}: {err}; fix: point it at a writable folder")
+            return USAGE
     launch_router(router_args)
     return 0
 

@@ -47,6 +47,8 @@ EVENTS: dict[str, re.Pattern[bytes]] = {
         rb"max_running_requests=(\d+), context_len=(\d+), available_gpu_mem=([0-9.]+) GB"
     ),
     "ready": re.compile(rb"The server is fired up and ready to roll!"),
+    # 0.5.23 tokenizer_manager.py SignalHandler.sigterm_handler: the server drains (serves what arrives, /health 503).
+    "draining": re.compile(rb"SIGTERM received\. [^\r\n]*Draining requests and shutting down"),
     "traceback": re.compile(rb"Traceback \(most recent call last\)"),
     "oom": re.compile(rb"(?:OutOfMemoryError|CUDA out of memory)[^\r\n]*"),
     "sigquit": re.compile(rb"Received sigquit from a child process"),
@@ -80,6 +82,7 @@ KEYWORDS = (
     b"atchdog",
     b"kill_process_tree",
     b"max_total_num_tokens=",
+    b"Draining requests",
 )
 # SGLang's record stamp at a line's start: local time (utils/common.py configure_logger: datefmt
 # "%Y-%m-%d %H:%M:%S", milliseconds with SGLANG_LOG_MS), then an optional rank prefix.

@@ -3,7 +3,7 @@
 No I/O here: the probe (healthcheck/probe.py) reads the log, the state files, /proc and /health and
 passes what it read in. Each step is a function of its arguments, testable alone.
 
-Phases: starting, loading, capturing, warming_up, verifying, ready, failed.
+Phases: starting, loading, capturing, warming_up, verifying, ready, draining, failed.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ def between_captures(scan: Scan) -> bool:
 
 
 def log_says_ready(scan: Scan) -> bool:
-    """The server printed its ready line and nothing fatal: /health decides whether it serves now."""
-    return "ready" in scan.seen and scan.failure is None
+    """The server printed its ready line, nothing fatal and no drain: /health decides whether it serves now."""
+    return "ready" in scan.seen and scan.failure is None and "draining" not in scan.seen
 
 
 def remembered(scan: Scan, launch: dict[str, Any] | None, cached: dict[str, Any] | None) -> Scan:
@@ -169,6 +169,13 @@ def decide(
                     f"{expected[0]} batch sizes): decode runs without graphs",
                 }
             out["reason"] = "no decode capture in the log; graph counts unknown (not a start of this kit?)"
+        if (
+            "draining" in scan.seen
+        ):  # stopped: out of every rotation now, finishing what it has (GLM5_DRAIN_SECONDS)
+            return out | {
+                "phase": "draining",
+                "reason": "SIGTERM: finishing the requests in flight; no new ones",
+            }
         if http is None or http == 200:
             return out | {"phase": "ready"}
         return out | {"phase": "ready", "reason": f"/health answered {http}: not serving now"}
@@ -301,6 +308,8 @@ def status_line(result: dict[str, Any], seconds_since_start: int | None) -> str:
     elif phase == "verifying":
         what = f"verifying (graphs done: decode {result['decode_captured']}/{result['decode_expected']}; the "
         what += "verification set runs before it counts as ready)"
+    elif phase == "draining":
+        what = "draining: stopped, finishing the requests in flight (readiness fails, so no new ones come)"
     elif phase == "loading":
         what = "loading weights"
     else:

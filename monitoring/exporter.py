@@ -1,13 +1,17 @@
 """The kit's own start as Prometheus metrics: phase, graphs captured against expected, starts, time to ready, what
-failed (a code, no label), the doctor's warnings. Run by supervisord beside the server (entrypoint/supervisord.conf).
+failed (a code, no label), the doctor's warnings, the verification, the capacity; and the kit's readiness over HTTP
+for the gateway's rotation. Run by supervisord beside the server (entrypoint/supervisord.conf).
 
-    monitoring/exporter                      serve /metrics on GLM5_EXPORTER_PORT (glm5.toml: exporter_port)
+    monitoring/exporter                      serve /metrics and /ready on GLM5_EXPORTER_PORT (glm5.toml: exporter_port)
     monitoring/exporter --port P --host H    elsewhere
     monitoring/exporter --once               print one scrape and exit (what Prometheus would read)
 
 Each scrape is one healthcheck probe without HTTP (healthcheck/probe.py: the same log tail, state files and
 decision, no second parser); /health is left to the probes, since it runs a generation, and the server's own
-/metrics show serving. prometheus-client renders the text format. A scrape reads at most the probe's 4 MiB log
+/metrics show serving. prometheus-client renders the text format.
+/ready answers 200 only while the start is ready by the healthcheck's rule (verified, not draining), else 503; the
+body is the phase, the reason and the capacity as JSON. SGLang's own /health is 200 from the warm-up on and 503 only
+once draining, so the gateway's rotation (gateway/rotation.py) asks this instead. A scrape reads at most the probe's 4 MiB log
 tail, so it costs the same on a 1 GB log as on a small one (ci/figures.toml: exporter CPU per scrape).
 """
 
@@ -15,14 +19,17 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+from prometheus_client import CollectorRegistry, generate_latest, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
 from common.report import FAILED, FAILURE_CODE, INVALID_SETTING, USAGE, Log, Problems
@@ -30,7 +37,7 @@ from configuration import state
 from healthcheck import probe
 
 LOG = Log("monitoring/exporter")
-PHASES = ("starting", "loading", "capturing", "warming_up", "verifying", "ready", "failed")
+PHASES = ("starting", "loading", "capturing", "warming_up", "verifying", "ready", "draining", "failed")
 GRAPHS = ("decode", "prefill")
 # Every metric this exporter can expose (tests/test_monitoring.py holds the dashboard and the alerts to these).
 NAMES = (
@@ -262,6 +269,39 @@ class StartCollector(Collector):
         yield errors
 
 
+READY_KEYS = ("phase", "reason", "start", "failure_kind", "verification", "capacity")
+
+
+def readiness(environ: Mapping[str, str]) -> tuple[int, dict[str, Any]]:
+    """The kit's readiness without HTTP to the server (a probe's log tail, its state files): 200 when ready."""
+    try:
+        _args, result = probe.from_the_log(environ)
+    except (OSError, ValueError, KeyError, TypeError, Problems, SystemExit) as err:
+        return 503, {"phase": "unknown", "reason": f"probe failed: {err}"}
+    return (200 if result["phase"] == "ready" else 503), {k: result.get(k) for k in READY_KEYS}
+
+
+def app(environ: Mapping[str, str], reg: CollectorRegistry) -> Callable[..., Iterable[bytes]]:
+    """/ready, and /metrics (prometheus-client's own app) for every other path."""
+    metrics_app = make_wsgi_app(reg)
+
+    def serve(request: dict[str, Any], respond: Callable[..., Any]) -> Iterable[bytes]:
+        if request.get("PATH_INFO") != "/ready":
+            return metrics_app(request, respond)
+        code, body = readiness(environ)
+        respond(
+            f"{code} {'OK' if code == 200 else 'Service Unavailable'}", [("Content-Type", "application/json")]
+        )
+        return [json.dumps(body).encode()]
+
+    return serve
+
+
+class QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Probes every second: no access log."""
+
+
 def registry(environ: Mapping[str, str]) -> CollectorRegistry:
     reg = CollectorRegistry()
     reg.register(StartCollector(environ))
@@ -290,13 +330,12 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(generate_latest(reg).decode())
         return 0
     try:
-        server, thread = start_http_server(args.port, addr=args.host, registry=reg)
+        server = make_server(args.host, args.port, app(os.environ, reg), ThreadingWSGIServer, QuietHandler)
     except OSError as err:
         LOG.error(f"cannot listen on {args.host}:{args.port}: {err}; fix: free the port or pass --port")
         return USAGE
-    LOG.info(f"serving the start's metrics on http://{args.host}:{args.port}/metrics")
-    thread.join()
-    server.server_close()
+    LOG.info(f"serving the start's metrics on http://{args.host}:{args.port}/metrics, readiness on /ready")
+    server.serve_forever()
     return 0
 
 

@@ -95,7 +95,7 @@ def main() -> int:
         c = start(
             tmp / "c", GLM5_API_KEY=KEY, GLM5_EXPORTER_PORT=str(exporter_port), SGLANG_DOUBLE_TICK="0.3"
         )
-        gw = Gateway(tmp, {"glm5-a": c.port})
+        gw = Gateway(tmp, {"glm5-a": c})
         prom = Prometheus(
             tmp,
             {"glm5": f"127.0.0.1:{c.port}", "glm5-exporter": f"127.0.0.1:{exporter_port}",

@@ -43,7 +43,7 @@ def pair(tmp_path: Path, containers: list[Container]) -> Iterator[tuple[Gateway,
         containers.append(c)
         replicas.append(c)
         c.wait_healthy()  # (it waits for a start after the call: one at a time)
-    gw = Gateway(tmp_path, {"glm5-a": replicas[0].port, "glm5-b": replicas[1].port})
+    gw = Gateway(tmp_path, {"glm5-a": replicas[0], "glm5-b": replicas[1]})
     try:
         gw.wait_healthy(2)
         yield gw, replicas
@@ -89,7 +89,7 @@ def test_a_replica_not_ready_or_dead_gets_no_traffic_and_one_that_turns_ready_do
     (tmp_path / "c").mkdir()
     late = start(tmp_path / "c", "never-ready", GLM5_API_KEY=KEY)  # capturing forever: /health 503
     containers.append(late)
-    gw.write({"glm5-a": a.port, "glm5-b": b.port, "glm5-c": late.port})
+    gw.write({"glm5-a": a, "glm5-b": b, "glm5-c": late})
     time.sleep(3)
     assert gw.readiness()["healthy_workers"] == 2
     for i in range(8):
@@ -103,7 +103,7 @@ def test_a_replica_not_ready_or_dead_gets_no_traffic_and_one_that_turns_ready_do
     fresh = start(tmp_path / "d", GLM5_API_KEY=KEY)
     containers.append(fresh)
     fresh.wait_healthy()
-    gw.write({"glm5-a": a.port, "glm5-b": b.port, "glm5-c": late.port, "glm5-d": fresh.port})
+    gw.write({"glm5-a": a, "glm5-b": b, "glm5-c": late, "glm5-d": fresh})
     gw.wait_healthy(2)
     before = served(fresh)
     for i, topic in enumerate(
@@ -148,11 +148,21 @@ def test_the_compose_profile_command_starts_the_real_gateway(
     workers = tmp_path / "workers.json"
     workers.write_text(
         json.dumps(
-            {"version": 1, "workers": [{"id": "this-host", "url": f"http://127.0.0.1:{replica.port}"}]}
+            {
+                "version": 1,
+                "workers": [
+                    {
+                        "id": "this-host",
+                        "url": f"http://127.0.0.1:{replica.port}",
+                        "ready_url": f"http://127.0.0.1:{replica.exporter_port}/ready",
+                    }
+                ],
+            }
         )
     )
     port = free_port()
     argv = [str(workers) if part.endswith("workers.json") else part for part in command]
+    argv += ["--rotation-file", str(tmp_path / "rotation" / "workers.json")]  # not the image's /tmp here
     env = {k: v for k, v in os.environ.items() if not k.startswith("GLM5_")} | {
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "GLM5_API_KEY": KEY, "GLM5_HOME": str(ROOT),
     }  # fmt: skip

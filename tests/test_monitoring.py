@@ -365,7 +365,7 @@ def stack(tmp_path: Path, containers: list[Container]) -> Iterator[tuple[Prometh
     c = start(tmp_path / "c", GLM5_API_KEY=KEY, GLM5_EXPORTER_PORT=str(exporter_port))
     containers.append(c)
     c.wait_healthy()
-    gw = Gateway(tmp_path, {"glm5-a": c.port})
+    gw = Gateway(tmp_path, {"glm5-a": c})
     prom = None
     try:
         gw.wait_healthy(1)

@@ -24,6 +24,11 @@ do: garbage-past-length (garbled text for prompts longer than SGLANG_DOUBLE_GARB
 requests are in flight: one batch size's graph wrong, batch 1 right), mangled-tool-call (arguments that are not
 JSON).
 
+Capacity as the scheduler enforces it: at most SGLANG_DOUBLE_MAX_RUNNING_REQUESTS (default 1024, the number its
+sizes line prints) run at once, each for SGLANG_DOUBLE_SERVE_SECONDS (default 0), the rest wait as in SGLang's
+queue; the most requests held at once goes to SGLANG_DOUBLE_STATE/peak-requests. While draining it serves what
+arrives, as 0.5.23 does (only /health turns 503).
+
 /health and /ready as 0.5.23 (entrypoints/http_server.py health_generate and ready, managers/
 tokenizer_manager.py is_healthy/is_ready): both 503 while starting or draining; /health sends a one-token
 request and polls every 1 s for any output from the scheduler (which comes when its current forward step
@@ -202,6 +207,24 @@ def first_start() -> bool:
 CAPITALS = {"france": "Paris", "japan": "Tokyo", "italy": "Rome", "egypt": "Cairo", "canada": "Ottawa"}
 CAPACITY_TOKENS = int(os.environ.get("SGLANG_DOUBLE_MAX_TOTAL_TOKENS", "412160"))
 CAPACITY_REQUESTS = int(os.environ.get("SGLANG_DOUBLE_MAX_RUNNING_REQUESTS", "1024"))
+RUNNING = threading.BoundedSemaphore(CAPACITY_REQUESTS)
+SERVE_SECONDS = float(os.environ.get("SGLANG_DOUBLE_SERVE_SECONDS", "0"))  # each request's time on the "GPU"
+PEAK = {"now": 0, "peak": 0}
+PEAK_LOCK = threading.Lock()
+
+
+def running(step: int) -> None:
+    """Count the requests this replica holds now (running or waiting in its queue); the most ever at once goes to
+    SGLANG_DOUBLE_STATE/peak-requests: the gateway's admission keeps it within the capacity the double printed."""
+    with PEAK_LOCK:
+        PEAK["now"] += step
+        if PEAK["now"] > PEAK["peak"]:
+            PEAK["peak"] = PEAK["now"]
+            folder = os.environ.get("SGLANG_DOUBLE_STATE")
+            if folder:
+                Path(folder, "peak-requests").write_text(str(PEAK["peak"]))
+
+
 GARBAGE_AFTER = int(os.environ.get("SGLANG_DOUBLE_GARBAGE_AFTER", "40000"))
 BATCH_WRONG_ABOVE = 4  # wrong-in-batches: more requests in flight than this
 
@@ -331,11 +354,15 @@ class Handler(BaseHTTPRequestHandler):
             return
         rid = uuid.uuid4().hex
         IN_FLIGHT.add(rid)
+        running(+1)
         before = (STATE["prompt_tokens"], STATE["generation_tokens"])
         self.began, self.last_token, self.streaming = self.metrics().begin(), None, False
         try:
-            self.post()
+            with RUNNING:  # SGLang's scheduler runs max_running_requests at once; the rest wait in its queue
+                time.sleep(SERVE_SECONDS)
+                self.post()
         finally:
+            running(-1)
             IN_FLIGHT.discard(rid)
             if self.last_token is None:  # not streamed: the whole answer is the first token
                 self.last_token = self.metrics().token(self.began, None, False)

@@ -52,6 +52,10 @@ class Container:
         return self.target.proc
 
     @property
+    def exporter_port(self) -> int:
+        return int(self.target.env["GLM5_EXPORTER_PORT"])
+
+    @property
     def log(self) -> Path:
         return self.tmp / "log" / "server.log"
 
@@ -111,8 +115,11 @@ def environment(tmp: Path, port: int, mode: str = "ok", **env: str) -> dict[str,
     )
 
 
-def start(tmp: Path, mode: str = "ok", wrapper: tuple[str, ...] = (), **env: str) -> Container:
-    port = free_port()
+def start(
+    tmp: Path, mode: str = "ok", wrapper: tuple[str, ...] = (), port: int | None = None, **env: str
+) -> Container:
+    """The container on `port` (a free one by default: a replacement takes its predecessor's)."""
+    port = port or free_port()
     full = environment(tmp, port, mode, **env)
     conn = readiness.Connection(f"http://127.0.0.1:{port}", None)
     target = readiness.Local(conn, full, tmp / "entrypoint.out", stop_timeout=20, wrapper=wrapper)

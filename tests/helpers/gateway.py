@@ -14,35 +14,72 @@ from pathlib import Path
 from typing import Any
 
 from conftest import ROOT
-from helpers.container import free_port
+from helpers.container import Container, free_port
 
 KEY = "gateway-test-key-0123456789"
 LAUNCH = ROOT / "gateway" / "launch"
 
 
 class Gateway:
-    def __init__(self, tmp: Path, workers: dict[str, int], wrapper: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        workers: dict[str, Container],
+        wrapper: tuple[str, ...] = (),
+        smg_flags: tuple[str, ...] = (),
+        **env: str,
+    ) -> None:
         self.tmp, self.port, self.metrics = tmp, free_port(), free_port()
         self.discovery = tmp / "workers.json"
+        self.rotation = (
+            tmp / "rotation" / "workers.json"
+        )  # what smg reads: the ready ones (gateway/rotation.py)
         self.write(workers)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("GLM5_")} | {
-            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-            "GLM5_API_KEY": KEY,
-        }
+        env = (
+            {k: v for k, v in os.environ.items() if not k.startswith("GLM5_")}
+            | {
+                "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+                "GLM5_API_KEY": KEY,
+            }
+            | env
+        )
         fast = ["--health-check-interval-secs", "1", "--worker-startup-check-interval", "1",
                 "--discovery-check-interval-secs", "1", "--health-failure-threshold", "2"]  # fmt: skip
-        self.output = tmp / "gateway.out"
+        self.output, self.env = tmp / "gateway.out", env
+        self.launch = [
+            str(LAUNCH),
+            "--discovery-file",
+            str(self.discovery),
+            "--rotation-file",
+            str(self.rotation),
+        ]
         self.proc = subprocess.Popen(
-            [*wrapper, str(LAUNCH), "--discovery-file", str(self.discovery), "--",
+            [*wrapper, *self.launch, "--",
              "--host", "127.0.0.1", "--port", str(self.port), "--prometheus-host", "127.0.0.1",
-             "--prometheus-port", str(self.metrics), "--health-check-port", str(free_port()), *fast],
+             "--prometheus-port", str(self.metrics), "--health-check-port", str(free_port()), *fast, *smg_flags],
             env=env, stdout=self.output.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
 
-    def write(self, workers: dict[str, int]) -> None:
+    def argv(self) -> list[str]:
+        """smg's arguments as gateway/launch builds them for this gateway's files and environment (--dry-run)."""
+        done = subprocess.run(
+            [*self.launch, "--dry-run"], env=self.env, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout.split()
+
+    def write(self, workers: dict[str, Container]) -> None:
+        """The operator's file; each replica's exporter (its /ready) is on a port of its own here."""
         doc = {
             "version": 1,
-            "workers": [{"id": k, "url": f"http://127.0.0.1:{p}"} for k, p in workers.items()],
+            "workers": [
+                {
+                    "id": k,
+                    "url": f"http://127.0.0.1:{c.port}",
+                    "ready_url": f"http://127.0.0.1:{c.exporter_port}/ready",
+                }
+                for k, c in workers.items()
+            ],
         }
         staged = self.discovery.with_suffix(".tmp")
         staged.write_text(json.dumps(doc))

@@ -1,0 +1,126 @@
+"""The gateway's rotation on Docker hosts: smg sends work only to the replicas the kit itself calls ready.
+
+smg's file discovery routes to every worker of its manifest that answers `/health`, but SGLang's `/health` is 200
+from the warm-up on (before the start is verified) and turns 503 only once the server drains, when smg, checking
+every [gateway] interval, keeps sending it new work until the drain bound cuts it. So the operator's workers file
+is the list of replicas, and this loop writes the manifest smg reads with only those whose exporter says ready
+(`/ready` on the replica's exporter port: verified, not draining), every POLL_SECONDS. smg rereads its manifest on
+change (inotify on the folder, ~0.2 s) and lets a removed worker's requests finish, so a stopped replica leaves the
+rotation within about a second of its SIGTERM, while it still serves (SGLang 0.5.23 serves what arrives during its
+drain), and a restarted one joins once verified.
+
+The workers file: smg's own format, {"version": 1, "workers": [{"id", "url"}]}, each worker optionally with
+"ready_url" (default: the url's host on [deployment].exporter_port, path /ready). Only id and url reach smg.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from common.report import Log
+
+LOG = Log("gateway")
+POLL_SECONDS = 0.5
+READY_TIMEOUT = 2.0
+
+Worker = dict[str, str]
+Ask = Callable[[str], tuple[bool, str]]  # ready URL -> (ready, what it said)
+
+
+def read_workers(source: Path) -> list[Worker] | None:
+    """The operator's workers, or None when the file is unreadable or not the format (the last good list stays)."""
+    try:
+        doc = json.loads(source.read_text())
+        workers = doc["workers"]
+        if not all(isinstance(w, dict) and isinstance(w.get("url"), str) for w in workers):
+            raise ValueError("each worker needs a url")
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        LOG.warning(f"{source}: {err}; keeping the last rotation (the format: gateway/workers.example.json)")
+        return None
+    return [{k: str(v) for k, v in w.items()} for w in workers]
+
+
+def ready_url(worker: Worker, exporter_port: int) -> str:
+    if "ready_url" in worker:
+        return worker["ready_url"]
+    parsed = urllib.parse.urlsplit(worker["url"])
+    return f"{parsed.scheme}://{parsed.hostname}:{exporter_port}/ready"
+
+
+def ask_ready(url: str) -> tuple[bool, str]:
+    """The replica's own readiness: 200 from its exporter's /ready, with the phase it reports."""
+    try:
+        with urllib.request.urlopen(url, timeout=READY_TIMEOUT) as response:
+            return True, json.loads(response.read()).get("phase", "ready")
+    except urllib.error.HTTPError as err:
+        try:
+            said = json.loads(err.read()).get("phase", str(err.code))
+        except ValueError:
+            said = str(err.code)
+        return False, said
+    except (OSError, ValueError) as err:
+        return False, f"no answer ({getattr(err, 'reason', err)})"
+
+
+def manifest(workers: list[Worker]) -> str:
+    """smg's manifest: id and url only."""
+    kept = [{k: w[k] for k in ("id", "url") if k in w} for w in workers]
+    return json.dumps({"version": 1, "workers": kept}, indent=2) + "\n"
+
+
+class Rotation:
+    """The operator's file (`source`) in, smg's manifest (`target`) out."""
+
+    def __init__(self, source: Path, target: Path, exporter_port: int, ask: Ask = ask_ready) -> None:
+        self.source, self.target, self.exporter_port, self.ask = source, target, exporter_port, ask
+        self.workers: list[Worker] = []
+        self.state: dict[str, tuple[bool, str]] = {}  # url -> (in the rotation, what its replica said)
+
+    def step(self) -> bool:
+        """One pass: ask every replica, write the manifest when it changes; True when it did."""
+        listed = read_workers(self.source)
+        if listed is not None:
+            self.workers = listed
+        with ThreadPoolExecutor(max_workers=max(1, min(16, len(self.workers)))) as pool:
+            answers = list(pool.map(lambda w: self.ask(ready_url(w, self.exporter_port)), self.workers))
+        now = {w["url"]: a for w, a in zip(self.workers, answers, strict=True)}
+        for worker, (ready, said) in zip(self.workers, answers, strict=True):
+            was = self.state.get(worker["url"])
+            if was is None or was[0] != ready:
+                name = worker.get("id", worker["url"])
+                LOG.info(f"{name} {'joins' if ready else 'is out of'} the rotation ({said})")
+        for url in set(self.state) - set(now):
+            LOG.info(f"{url} left the workers file: out of the rotation")
+        text = manifest([w for w, (ready, _) in zip(self.workers, answers, strict=True) if ready])
+        self.state = now
+        try:
+            if self.target.read_text() == text:
+                return False
+        except OSError:
+            pass
+        self.target.parent.mkdir(parents=True, exist_ok=True)
+        staged = self.target.with_name(f".{self.target.name}.staged")
+        staged.write_text(text)
+        staged.replace(self.target)  # whole or not at all: smg reads it on the rename
+        return True
+
+    def run(self, stop: threading.Event, poll: float = POLL_SECONDS) -> None:
+        while not stop.wait(poll):
+            try:
+                self.step()
+            except OSError as err:  # a manifest folder that cannot be written: said, and tried again
+                LOG.error(f"cannot write {self.target}: {err}")
+
+    def start(self, poll: float = POLL_SECONDS) -> threading.Event:
+        """The first pass now (smg starts with the rotation as it is), then a thread; set the event to stop it."""
+        self.step()
+        stop = threading.Event()
+        threading.Thread(target=self.run, args=(stop, poll), name="rotation", daemon=True).start()
+        return stop

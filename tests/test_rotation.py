@@ -1,0 +1,143 @@
+"""The gateway's rotation (gateway/rotation.py) and admission sizes (gateway/launch.py), in-process; the real smg over
+the kit's container starts is tests/test_rollout.py."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from configuration import settings
+from conftest import ROOT
+from gateway import launch, rotation
+from monitoring import exporter as start_exporter
+
+
+def workers_file(path: Path, *workers: dict[str, str]) -> Path:
+    path.write_text(json.dumps({"version": 1, "workers": list(workers)}))
+    return path
+
+
+def test_smg_is_given_only_the_ready_replicas_and_only_their_id_and_url(tmp_path: Path) -> None:
+    source = workers_file(tmp_path / "workers.json", {"id": "a", "url": "http://10.0.0.1:30000"},
+                          {"id": "b", "url": "http://10.0.0.2:30000", "ready_url": "http://10.0.0.2:9/ready"})  # fmt: skip
+    target = tmp_path / "smg" / "workers.json"
+    ready = {"http://10.0.0.1:30090/ready": (True, "ready"), "http://10.0.0.2:9/ready": (False, "verifying")}
+    asked: list[str] = []
+
+    def ask(url: str) -> tuple[bool, str]:
+        asked.append(url)
+        return ready[url]
+
+    turn = rotation.Rotation(source, target, 30090, ask)
+    assert turn.step() is True
+    assert json.loads(target.read_text()) == {
+        "version": 1,
+        "workers": [{"id": "a", "url": "http://10.0.0.1:30000"}],
+    }
+    assert sorted(asked) == sorted(
+        ready
+    )  # the exporter port of the url's host, or the worker's own ready_url
+    assert turn.step() is False  # nothing changed: the file is not rewritten (smg would reread it)
+    ready["http://10.0.0.2:9/ready"] = (True, "ready")
+    ready["http://10.0.0.1:30090/ready"] = (False, "draining")  # a stopped replica leaves at once
+    assert turn.step() is True
+    assert [w["id"] for w in json.loads(target.read_text())["workers"]] == ["b"]
+    source.write_text("{not json")  # an editor's half-written file: the last good list stays
+    assert turn.step() is False and [w["id"] for w in turn.workers] == ["a", "b"]
+
+
+def test_the_rotation_logs_who_joins_and_leaves(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source = workers_file(tmp_path / "w.json", {"id": "box-2", "url": "http://10.0.0.12:30000"})
+    said = {"now": (False, "capturing")}
+    turn = rotation.Rotation(source, tmp_path / "out.json", 30090, lambda _url: said["now"])
+    turn.step()
+    said["now"] = (True, "ready")
+    turn.step()
+    said["now"] = (False, "draining")
+    turn.step()
+    err = capsys.readouterr().err
+    assert "box-2 is out of the rotation (capturing)" in err
+    assert err.index("box-2 joins the rotation (ready)") < err.index(
+        "box-2 is out of the rotation (draining)"
+    )
+
+
+class Ready(BaseHTTPRequestHandler):
+    answers: ClassVar[dict[str, tuple[int, dict[str, Any]]]] = {}
+
+    def do_GET(self) -> None:
+        code, body = self.answers[self.path]
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *_a: Any) -> None:
+        return
+
+
+@pytest.fixture
+def exporter() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Ready)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_a_replica_is_ready_only_when_its_exporter_answers_200(exporter: str) -> None:
+    Ready.answers = {"/ok": (200, {"phase": "ready"}), "/drain": (503, {"phase": "draining"}),
+                     "/odd": (503, {})}  # fmt: skip
+    assert rotation.ask_ready(exporter + "/ok") == (True, "ready")
+    assert rotation.ask_ready(exporter + "/drain") == (False, "draining")
+    assert rotation.ask_ready(exporter + "/odd") == (False, "503")
+    ready, said = rotation.ask_ready("http://127.0.0.1:9/ready")  # nothing listens: the box is gone
+    assert not ready and said.startswith("no answer")
+
+
+def test_admission_is_sized_from_the_replicas_capacity() -> None:
+    def flags(replicas: int, **env: str) -> dict[str, str]:
+        argv = launch.admission(settings.resolve(env), replicas)
+        return {k: (argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else "")
+                for i, k in enumerate(argv) if k.startswith("--")}  # fmt: skip
+
+    gw = settings.load_config()["gateway"]
+    default = flags(2)  # 512 per replica: the largest captured decode batch
+    assert default["--max-concurrent-requests"] == default["--queue-size"] == "1024"
+    assert default["--queue-timeout-secs"] == str(gw["queue_timeout_seconds"])
+    assert default["--balance-abs-threshold"] == "8" and "--disable-worker-overload-protection" in default
+    capped = flags(
+        3, GLM5_MAX_RUNNING_REQUESTS="64"
+    )  # a cap on running requests caps the graphs and the bound
+    assert capped["--max-concurrent-requests"] == "192" and capped["--balance-abs-threshold"] == "1"
+
+
+def test_a_draining_server_is_not_ready_by_the_exporters_ready(tmp_path: Path) -> None:
+    """SGLang 0.5.23 logs its SIGTERM (tokenizer_manager.py SignalHandler) and serves on while it drains: the phase
+    is draining from that line on, /ready answers 503 at once and liveness still passes (no /health asked)."""
+    log, run = tmp_path / "log", tmp_path / "run"
+    log.mkdir()
+    run.mkdir()
+    ready = (ROOT / "tests" / "fixtures" / "logs" / "sglang-0.5.23-rendered-from-source.log").read_text()
+    marker = "===== glm5-serve: server start #1 at 2026-11-30T00:00:00+00:00 pid 1 =====\n"
+    (log / "server.log").write_text(marker + ready)
+    record = {"start": 1, "passed": True, "right": 57, "items": 57, "reasons": [], "results": []}
+    (run / "verified.json").write_text(json.dumps(record))
+    env = {"GLM5_LOG_DIR": str(log), "GLM5_STATE_DIR": str(run)}
+    assert exporter_readiness(env) == (200, "ready")
+    with (log / "server.log").open("a") as fh:
+        fh.write(
+            "[2026-11-30 02:00:00] SIGTERM received. signum=15 frame=None. Draining requests and shutting down...\n"
+        )
+    assert exporter_readiness(env) == (503, "draining")
+
+
+def exporter_readiness(env: dict[str, str]) -> tuple[int, str]:
+    code, body = start_exporter.readiness(env)
+    return code, body["phase"]
