@@ -141,7 +141,9 @@ def test_the_port_is_one_edit(tmp_path: Path, port: int) -> None:
     assert run_render(root, "--check").returncode == 1
     assert run_render(root).returncode == 0
     c, p = compose(root), pod(root)
-    assert c["ports"] == [f"${{GLM5_BIND:-127.0.0.1}}:${{GLM5_HOST_PORT:-{port}}}:{port}"]
+    assert (
+        c["ports"][0] == f"${{GLM5_BIND:-127.0.0.1}}:${{GLM5_HOST_PORT:-{port}}}:{port}"
+    )  # then the exporter's
     assert p["spec"]["containers"][0]["ports"][0]["containerPort"] == port
     assert yaml.safe_load((root / "k8s/base/service.yaml").read_text())["spec"]["ports"][0]["port"] == port
     assert re.search(rf"\nEXPOSE {port} \d+\n", (root / "Dockerfile").read_text())  # and the exporter's port

@@ -328,7 +328,9 @@ def test_the_gateway_runs_under_a_read_only_root_with_only_tmp_writable(tmp_path
     from helpers.gateway import Gateway
 
     # the discovery file, as compose mounts it :ro
-    gw = Gateway(tmp_path, {}, wrapper=sandbox(ROOT, ("ro", tmp_path)))
+    # the rotation in the sandbox's own /tmp, as in the image (glm5.toml [gateway].rotation_file)
+    rotation = Path(settings.load_config()["gateway"]["rotation_file"])
+    gw = Gateway(tmp_path, {}, wrapper=sandbox(ROOT, ("ro", tmp_path)), rotation=rotation)
     try:
         deadline = time.monotonic() + 60
         while True:

@@ -27,13 +27,13 @@ class Gateway:
         workers: dict[str, Container],
         wrapper: tuple[str, ...] = (),
         smg_flags: tuple[str, ...] = (),
+        rotation: Path | None = None,
         **env: str,
     ) -> None:
         self.tmp, self.port, self.metrics = tmp, free_port(), free_port()
         self.discovery = tmp / "workers.json"
-        self.rotation = (
-            tmp / "rotation" / "workers.json"
-        )  # what smg reads: the ready ones (gateway/rotation.py)
+        # What smg reads: the ready replicas (gateway/rotation.py).
+        self.rotation = rotation or tmp / "rotation" / "workers.json"
         self.write(workers)
         env = (
             {k: v for k, v in os.environ.items() if not k.startswith("GLM5_")}
