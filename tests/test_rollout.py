@@ -64,16 +64,22 @@ def wait_for(what: Any, timeout: float = 60) -> None:
         time.sleep(0.2)
 
 
-def test_a_rolling_replacement_under_load_fails_no_request(
-    tmp_path: Path, containers: list[Container]
-) -> None:
-    env = {"GLM5_API_KEY": KEY, "GLM5_DRAIN_SECONDS": "10", "SGLANG_DOUBLE_SERVE_SECONDS": "0.2"}
+def two_replicas(tmp_path: Path, containers: list[Container], env: dict[str, str]) -> dict[str, Container]:
+    """Replicas a and b, each the kit's container start, ready one after the other."""
     replicas = {}
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
         replicas[name] = start(tmp_path / name, **env)
         containers.append(replicas[name])
         replicas[name].wait_healthy()
+    return replicas
+
+
+def test_a_rolling_replacement_under_load_fails_no_request(
+    tmp_path: Path, containers: list[Container]
+) -> None:
+    env = {"GLM5_API_KEY": KEY, "GLM5_DRAIN_SECONDS": "10", "SGLANG_DOUBLE_SERVE_SECONDS": "0.2"}
+    replicas = two_replicas(tmp_path, containers, env)
     gw = Gateway(tmp_path, {f"glm5-{n}": c for n, c in replicas.items()})
     try:
         gw.wait_healthy(2)
@@ -137,12 +143,7 @@ def test_four_times_the_capacity_fails_nothing_but_the_gateways_429_and_503(
     capacity = 4  # each replica runs 4 at once (its scheduler line says so); a request takes 3 s on it
     env = {"GLM5_API_KEY": KEY, "GLM5_CUDA_GRAPH_MAX_BS_DECODE": str(capacity), "GLM5_VERIFY": "off",
            "SGLANG_DOUBLE_MAX_RUNNING_REQUESTS": str(capacity), "SGLANG_DOUBLE_SERVE_SECONDS": "3"}  # fmt: skip
-    replicas = {}
-    for name in ("a", "b"):
-        (tmp_path / name).mkdir()
-        replicas[name] = start(tmp_path / name, **env)
-        containers.append(replicas[name])
-        replicas[name].wait_healthy()
+    replicas = two_replicas(tmp_path, containers, env)
     # Sized by gateway/launch from the replicas: 2 x 4 running, a queue as long; the queue timeout shortened.
     gw = Gateway(tmp_path, {f"glm5-{n}": c for n, c in replicas.items()}, smg_flags=("--queue-timeout-secs", "2"),
                  GLM5_CUDA_GRAPH_MAX_BS_DECODE=str(capacity))  # fmt: skip
