@@ -8,7 +8,7 @@ counts and /health answers 200; otherwise says which phase the start is in.
     healthcheck/healthcheck --json            the state as one JSON object
     healthcheck/healthcheck --log FILE --no-http --json    judge a saved log alone
 
-Phases: starting, loading, capturing, warming_up, verifying, ready, failed. Exit 0 when ready (verified, GLM5_VERIFY)
+Phases: starting, loading, capturing, warming_up, verifying, ready, draining, failed. Exit 0 when ready (verified)
 and /health 200 (with --live:
 unless the start is hung or a ready server's /health fails; with --started: once ready or failed), 1 otherwise,
 2 bad usage, 3 an invalid GLM5_* setting.

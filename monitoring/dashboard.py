@@ -55,7 +55,7 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
         "Start",
         (
             Panel("Phase", "none", (("glm5_start_phase == 1", "{{instance}}: {{phase}}"),), "stat", 6,
-                  "The healthcheck's phase of the current start (starting, loading, capturing, warming_up, ready, failed)."),
+                  "The healthcheck's phase of the current start (starting, loading, capturing, warming_up, verifying, ready, draining, failed)."),
             Panel(
                 "CUDA graphs captured",
                 "percentunit",
@@ -72,6 +72,23 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 "stat",
                 6,
                 "0 = nothing failed; else an exit code or a code of README's failure table.",
+            ),
+            Panel(
+                "Verification",
+                "none",
+                (("glm5_verification_accuracy", "accuracy {{instance}}"), ("glm5_verification_items_wrong", "wrong items {{instance}}"),
+                 ("glm5_verification_regressed", "regressed {{instance}}")),
+                "stat",
+                6,
+                "The start's own verification set (verify/): wrong items fail the start; regressed ones were right on the last good build.",
+            ),
+            Panel(
+                "Capacity",
+                "none",
+                (("glm5_capacity_max_running_requests", "running at most {{instance}}"), ("sglang:max_total_num_tokens", "KV tokens {{instance}}")),
+                "stat",
+                6,
+                "What each replica holds at once, as its scheduler sized it at start.",
             ),
         ),
     ),

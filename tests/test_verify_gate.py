@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import time
 import urllib.request
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from conftest import healthcheck_json
+from conftest import ROOT, healthcheck_json
 from helpers.container import Container, start
 from verify import items
 
@@ -63,6 +64,11 @@ def test_a_right_server_is_verifying_then_ready_and_its_build_keeps_the_result(
     assert metric(text, "glm5_capacity_max_running_requests") == 1024.0
     assert metric(text, "glm5_capacity_max_prefill_tokens") == 16384.0
     assert found["capacity"]["max_total_num_tokens"] == 412160
+    # `verify/gate --once` in the container verifies the running start again, on demand: the summary, exit 0.
+    again = subprocess.run([str(ROOT / "verify" / "gate"), "--once"], env=c.target.env, capture_output=True,
+                           text=True, timeout=120)  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["passed"] and json.loads(again.stdout)["start"] == 1
 
 
 WRONG_MODES = {  # mode -> the verify/run.py verdict reasons it must produce, and items that must be named
@@ -92,7 +98,12 @@ def test_a_wrong_server_never_turns_ready_and_says_which_items(
     assert metric(text, "glm5_verification_passed") == 0.0
     for item in named:
         assert metric(text, "glm5_verification_item_wrong", f'{{item="{item}"}}') == 1.0
-    time.sleep(3)  # still failed, and not restarted by the watchdog: a restart repeats greedy answers
+    again = subprocess.run([str(ROOT / "verify" / "gate"), "--once"], env=c.target.env, capture_output=True,
+                           text=True, timeout=120)  # fmt: skip
+    assert again.returncode == 1 and reason in again.stdout, (
+        again.stdout + again.stderr
+    )  # on demand: the same verdict
+    time.sleep(2)  # still failed, and not restarted by the watchdog: a restart repeats greedy answers
     assert healthcheck_json(c.target.env)[1]["phase"] == "failed" and "server start #2" not in c.output()
 
 

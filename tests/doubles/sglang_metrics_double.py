@@ -5,7 +5,7 @@ the shape of the series, which is SGLang's.
 Read from sglang 0.5.23, srt/observability/metrics_collector.py:
 - scheduler series (SchedulerMetricsCollector, labels model_name, engine_type, tp_rank, pp_rank, moe_ep_rank; lines
   364-557, 731-741): gauges num_running_reqs, num_queue_reqs, token_usage, gen_throughput, cache_hit_rate,
-  num_retracted_reqs; counters num_retracted_requests_total and cuda_graph_passes_total{mode} with modes
+  num_retracted_reqs, and the constant max_total_num_tokens (1285-1300); counters num_retracted_requests_total and cuda_graph_passes_total{mode} with modes
   decode_cuda_graph / decode_none / prefill_cuda_graph / prefill_none (1527-1533: *_none is a pass without a graph);
 - tokenizer series (TokenizerMetricsCollector, labels model_name, engine_type; 1856-2068): counters
   prompt_tokens_total, generation_tokens_total, num_requests_total {is_streaming}; histograms
@@ -109,6 +109,9 @@ class Metrics:
         self.e2e = Histogram(
             "sglang:e2e_request_latency_seconds", "e2e", streaming, buckets=E2E_BUCKETS, registry=r
         )
+        # A constant set once at start (emit_constants, lines 1285-1300): the KV pool the sizes line printed.
+        kv_tokens = int(os.environ.get("SGLANG_DOUBLE_MAX_TOTAL_TOKENS", "412160"))
+        gauge("max_total_num_tokens").labels(**self.sched).set(kv_tokens)
         self.retracted.labels(**self.sched)  # a child at 0, so a rate of it is 0 rather than no series
         for mode in ("decode_cuda_graph", "decode_none", "prefill_cuda_graph", "prefill_none"):
             self.passes.labels(**self.sched, mode=mode)
