@@ -248,7 +248,7 @@ def test_a_stop_during_preflight_is_prompt(tmp_path: Path, containers: list[Cont
     )
     containers.append(c)
     deadline = time.monotonic() + 20
-    while not any("sleep" in " ".join(p.cmdline()) for p in c.leftovers()) and time.monotonic() < deadline:
+    while not any("sleep" in argv for argv in c.commands()) and time.monotonic() < deadline:
         time.sleep(0.1)
     began = time.monotonic()
     c.proc.send_signal(signal.SIGTERM)
@@ -287,7 +287,7 @@ def test_the_api_key_is_in_no_argv_no_log_and_no_state_file(
     containers.append(c)
     c.wait_healthy()
     assert readiness_ok_with_key(c.port, key)
-    argvs = [" ".join(p.cmdline()) for p in c.leftovers()]
+    argvs = c.commands()
     assert argvs and not [a for a in argvs if key in a], argvs
     c.proc.send_signal(signal.SIGTERM)
     assert c.proc.wait(timeout=30) == 0

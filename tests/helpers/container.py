@@ -76,6 +76,16 @@ class Container:
     def output(self) -> str:
         return self.log.read_text() if self.log.exists() else "(no server.log)"
 
+    def commands(self) -> list[str]:
+        """The command lines of leftovers(), skipping any that exits while they are read."""
+        found = []
+        for p in self.leftovers():
+            try:
+                found.append(" ".join(p.cmdline()))
+            except psutil.Error:
+                continue
+        return found
+
     def leftovers(self) -> list[psutil.Process]:
         """Processes started for this run that are still alive (matched by their environment)."""
         mine = []
