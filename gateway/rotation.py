@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from common.report import Log
+from configuration import state
 
 LOG = Log("gateway")
 POLL_SECONDS = 0.5
@@ -90,15 +91,16 @@ class Rotation:
             self.workers = listed
         with ThreadPoolExecutor(max_workers=max(1, min(16, len(self.workers)))) as pool:
             answers = list(pool.map(lambda w: self.ask(ready_url(w, self.exporter_port)), self.workers))
-        now = {w["url"]: a for w, a in zip(self.workers, answers, strict=True)}
-        for worker, (ready, said) in zip(self.workers, answers, strict=True):
+        now = {w["url"]: answer for w, answer in zip(self.workers, answers, strict=True)}
+        for worker in self.workers:
+            ready, said = now[worker["url"]]
             was = self.state.get(worker["url"])
             if was is None or was[0] != ready:
                 name = worker.get("id", worker["url"])
                 LOG.info(f"{name} {'joins' if ready else 'is out of'} the rotation ({said})")
         for url in set(self.state) - set(now):
             LOG.info(f"{url} left the workers file: out of the rotation")
-        text = manifest([w for w, (ready, _) in zip(self.workers, answers, strict=True) if ready])
+        text = manifest([w for w in self.workers if now[w["url"]][0]])
         self.state = now
         try:
             if self.target.read_text() == text:
@@ -106,9 +108,7 @@ class Rotation:
         except OSError:
             pass
         self.target.parent.mkdir(parents=True, exist_ok=True)
-        staged = self.target.with_name(f".{self.target.name}.staged")
-        staged.write_text(text)
-        staged.replace(self.target)  # whole or not at all: smg reads it on the rename
+        state.write_whole(self.target, text)  # smg reads it on the rename
         return True
 
     def run(self, stop: threading.Event, poll: float = POLL_SECONDS) -> None:

@@ -169,9 +169,8 @@ def decide(
                     f"{expected[0]} batch sizes): decode runs without graphs",
                 }
             out["reason"] = "no decode capture in the log; graph counts unknown (not a start of this kit?)"
-        if (
-            "draining" in scan.seen
-        ):  # stopped: out of every rotation now, finishing what it has (GLM5_DRAIN_SECONDS)
+        # Stopped: out of every rotation now, finishing what it has (GLM5_DRAIN_SECONDS).
+        if "draining" in scan.seen:
             return out | {
                 "phase": "draining",
                 "reason": "SIGTERM: finishing the requests in flight; no new ones",

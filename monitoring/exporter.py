@@ -241,6 +241,10 @@ def verification(found: Mapping[str, Any] | None) -> Iterator[Metric]:
     yield each
 
 
+# What a probe may raise on a state or log it cannot read (SystemExit: argparse): the scrape and /ready say so.
+PROBE_ERRORS = (OSError, ValueError, KeyError, TypeError, Problems, SystemExit)
+
+
 class StartCollector(Collector):
     """Probes on every scrape; a probe that raises is counted and logged, never a failed scrape."""
 
@@ -252,14 +256,7 @@ class StartCollector(Collector):
         try:
             args, result = probe.from_the_log(self.environ)
             yield from metrics(result, args.stall_seconds, time.time())
-        except (
-            OSError,
-            ValueError,
-            KeyError,
-            TypeError,
-            Problems,
-            SystemExit,
-        ) as err:  # SystemExit: argparse
+        except PROBE_ERRORS as err:
             self.errors += 1
             LOG.error(f"probe failed: {err}")
         errors = CounterMetricFamily(
@@ -276,7 +273,7 @@ def readiness(environ: Mapping[str, str]) -> tuple[int, dict[str, Any]]:
     """The kit's readiness without HTTP to the server (a probe's log tail, its state files): 200 when ready."""
     try:
         _args, result = probe.from_the_log(environ)
-    except (OSError, ValueError, KeyError, TypeError, Problems, SystemExit) as err:
+    except PROBE_ERRORS as err:
         return 503, {"phase": "unknown", "reason": f"probe failed: {err}"}
     return (200 if result["phase"] == "ready" else 503), {k: result.get(k) for k in READY_KEYS}
 

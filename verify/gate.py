@@ -129,9 +129,15 @@ def main(argv: list[str] | None = None) -> int:
         record = verify(values, int(start), ask)
         print(json.dumps({k: v for k, v in record.items() if k != "results"}, indent=2))
         return OK if record["passed"] else FAILED
-    while True:  # each start once: the healthcheck stops saying verifying once its verified.json is there
-        start = awaiting(os.environ, values["port"])
-        if start is not None:
+    # Each start once; the log is probed only while the current start has no verified.json of its own.
+    while True:
+        current = (state.read_launch(values["state_dir"]) or {}).get("start")
+        done = (state.read_verified(values["state_dir"]) or {}).get("start")
+        if (
+            current is not None
+            and current != done
+            and (start := awaiting(os.environ, values["port"])) is not None
+        ):
             verify(values, start, ask)
         time.sleep(POLL_SECONDS)
 
