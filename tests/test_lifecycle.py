@@ -10,31 +10,18 @@ import os
 import signal
 import subprocess
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import ROOT, image_folders
 from helpers.container import Container, free_port, start, stop_inside
+from helpers.container import exporter_samples as scrape
 from helpers.sandbox import NEEDS_BWRAP, sandbox, with_image_folders
 
 pytestmark = pytest.mark.boots  # each test boots supervisord and the double
 
 NO_MODEL = {"GLM5_SKIP_PREFLIGHT": "gpu,shm,flashinfer,flags"}
-
-
-def scrape(port: int) -> dict[str, float]:
-    """The exporter's answer: {sample name{labels}: value}; raises when nothing answers."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        text = response.read().decode()
-    samples = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
-            samples[f"{s.name}{{{labels}}}"] = s.value
-    return samples
 
 
 def phase(samples: dict[str, float]) -> str | None:

@@ -5,31 +5,22 @@ and the healthcheck and the exporter name the wrong items; report serves anyway;
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from conftest import ROOT, healthcheck_json
-from helpers.container import Container, start
+from helpers.container import Container, exporter_samples, start
 from verify import items
 
 pytestmark = pytest.mark.boots
 
 
-def scrape(c: Container) -> str:
-    port = c.target.env["GLM5_EXPORTER_PORT"]
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        return r.read().decode()
-
-
-def metric(text: str, name: str, labels: str = "") -> float | None:
-    found = re.search(rf"^{name}{re.escape(labels)} ([0-9.e+-]+)$", text, re.M)
-    return float(found.group(1)) if found else None
+def scrape(c: Container) -> dict[str, float]:
+    return exporter_samples(c.exporter_port)
 
 
 def settled(c: Container, timeout: float = 90) -> tuple[dict[str, Any], list[str]]:
@@ -57,12 +48,12 @@ def test_a_right_server_is_verifying_then_ready_and_its_build_keeps_the_result(
     record = json.loads((tmp_path / "cache" / "build-dev" / "verification.json").read_text())
     assert record["start"] == 1 and record["passed"] and record["compared_with"] is None
     assert {r["id"] for r in record["results"]} == {i.id for i in items.generate()}
-    text = scrape(c)
-    assert metric(text, "glm5_verification_passed") == 1.0
-    assert metric(text, "glm5_start_phase", '{phase="ready"}') == 1.0
+    samples = scrape(c)
+    assert samples.get("glm5_verification_passed{}") == 1.0
+    assert samples.get('glm5_start_phase{phase="ready"}') == 1.0
     # The scheduler's sizes line, as the double prints 0.5.23's: what SGLang's /metrics lacks.
-    assert metric(text, "glm5_capacity_max_running_requests") == 1024.0
-    assert metric(text, "glm5_capacity_max_prefill_tokens") == 16384.0
+    assert samples.get("glm5_capacity_max_running_requests{}") == 1024.0
+    assert samples.get("glm5_capacity_max_prefill_tokens{}") == 16384.0
     assert found["capacity"]["max_total_num_tokens"] == 412160
     # `verify/gate --once` in the container verifies the running start again, on demand: the summary, exit 0.
     again = subprocess.run([str(ROOT / "verify" / "gate"), "--once"], env=c.target.env, capture_output=True,
@@ -93,11 +84,11 @@ def test_a_wrong_server_never_turns_ready_and_says_which_items(
     assert "fact-france" not in found["verification"]["wrong"]  # only what the mode breaks
     code, _ = healthcheck_json(c.target.env)
     assert code == 1
-    text = scrape(c)
-    assert metric(text, "glm5_start_failure_code") == 213.0  # common/report.py FAILURE_KINDS: wrong_answers
-    assert metric(text, "glm5_verification_passed") == 0.0
+    samples = scrape(c)
+    assert samples.get("glm5_start_failure_code{}") == 213.0  # common/report.py FAILURE_KINDS: wrong_answers
+    assert samples.get("glm5_verification_passed{}") == 0.0
     for item in named:
-        assert metric(text, "glm5_verification_item_wrong", f'{{item="{item}"}}') == 1.0
+        assert samples.get(f'glm5_verification_item_wrong{{item="{item}"}}') == 1.0
     again = subprocess.run([str(ROOT / "verify" / "gate"), "--once"], env=c.target.env, capture_output=True,
                            text=True, timeout=120)  # fmt: skip
     assert again.returncode == 1 and reason in again.stdout, (
@@ -126,7 +117,7 @@ def test_report_serves_anyway_and_a_later_build_names_what_regressed(
         (r["id"], r["received"]) for r in rows if not r["right"]
     ]
     assert found["verification"]["compared_with"] == "0123456789abcdef"
-    assert metric(scrape(c), "glm5_verification_regressed") == float(len(tools))
+    assert scrape(c).get("glm5_verification_regressed{}") == float(len(tools))
     assert (
         "right on build 0123456789abcdef, wrong now: " + ", ".join(tools) in c.entrypoint_output.read_text()
     )

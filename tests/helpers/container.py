@@ -10,10 +10,12 @@ import random
 import signal
 import socket
 import sys
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+from prometheus_client.parser import text_string_to_metric_families
 
 from ci import readiness
 from conftest import ROOT
@@ -99,6 +101,19 @@ class Container:
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
         return mine
+
+
+def exporter_samples(port: int) -> dict[str, float]:
+    """The kit's exporter's answer on `port`, read with prometheus-client's own parser: {sample name{labels}: value};
+    raises when nothing answers."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+            samples[f"{s.name}{{{labels}}}"] = s.value
+    return samples
 
 
 def environment(tmp: Path, port: int, mode: str = "ok", **env: str) -> dict[str, str]:
