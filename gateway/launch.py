@@ -28,6 +28,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import CollectorRegistry, start_http_server
+
 from common.report import INVALID_SETTING, USAGE, Log, Problems
 from configuration import settings
 from configuration.batch_sizes import effective_decode_max_bs
@@ -90,6 +92,12 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
         help="where the ready replicas of --discovery-file are written for smg (a writable folder)",
     )
     parser.add_argument(
+        "--rotation-metrics-port",
+        type=int,
+        default=settings.load_config()["gateway"]["rotation_metrics_port"],
+        help="where the rotation's own /metrics listens (with --discovery-file)",
+    )
+    parser.add_argument(
         "--dry-run", action="store_true", help="print smg's arguments (key redacted) and stop"
     )
     parser.add_argument("smg_flags", nargs="*", help="more smg flags, after --")
@@ -117,12 +125,21 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
     if not key:
         LOG.warning("no GLM5_API_KEY(_FILE): the gateway answers anyone who reaches its port")
     if args.discovery_file:
+        turn = Rotation(Path(args.discovery_file), Path(args.rotation_file), int(values["exporter_port"]))
         try:
-            Rotation(
-                Path(args.discovery_file), Path(args.rotation_file), int(values["exporter_port"])
-            ).start()
+            turn.start()
         except OSError as err:
             LOG.error(f"--rotation-file {args.rotation_file}: {err}; fix: point it at a writable folder")
+            return USAGE
+        registry = CollectorRegistry()
+        registry.register(turn)
+        try:
+            start_http_server(args.rotation_metrics_port, "0.0.0.0", registry)
+        except OSError as err:
+            LOG.error(
+                f"--rotation-metrics-port {args.rotation_metrics_port}: {err}; "
+                "fix: a free port ([gateway].rotation_metrics_port)"
+            )
             return USAGE
     launch_router(router_args)
     return 0

@@ -9,6 +9,11 @@ change (inotify on the folder, ~0.2 s) and lets a removed worker's requests fini
 rotation within about a second of its SIGTERM, while it still serves (SGLang 0.5.23 serves what arrives during its
 drain), and a restarted one joins once verified.
 
+Its own view is on /metrics ([gateway].rotation_metrics_port; `Rotation.collect`): per worker of the workers file,
+in the rotation or not, whether its exporter answered and the phase it said. smg cannot say it: a worker taken out of
+its manifest is drained for 5 s and removed, and smg 1.13.0 then drops its `smg_worker_health` series: a replica out
+of the rotation has no smg series at all.
+
 The workers file: smg's own format, {"version": 1, "workers": [{"id", "url"}]}, each worker optionally with
 "ready_url" (default: the url's host on [deployment].exporter_port, path /ready). Only id and url reach smg.
 """
@@ -20,9 +25,12 @@ import threading
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from common.report import Log
 from configuration import state
@@ -30,6 +38,12 @@ from configuration import state
 LOG = Log("gateway")
 POLL_SECONDS = 0.5
 READY_TIMEOUT = 2.0
+NO_ANSWER = "no answer"
+NAMES = (
+    "glm5_rotation_in_rotation",
+    "glm5_rotation_answering",
+    "glm5_rotation_phase",
+)  # what collect() exports
 
 Worker = dict[str, str]
 Ask = Callable[[str], tuple[bool, str]]  # ready URL -> (ready, what it said)
@@ -67,7 +81,7 @@ def ask_ready(url: str) -> tuple[bool, str]:
             said = str(err.code)
         return False, said
     except (OSError, ValueError) as err:
-        return False, f"no answer ({getattr(err, 'reason', err)})"
+        return False, f"{NO_ANSWER} ({getattr(err, 'reason', err)})"
 
 
 def manifest(workers: list[Worker]) -> str:
@@ -76,8 +90,8 @@ def manifest(workers: list[Worker]) -> str:
     return json.dumps({"version": 1, "workers": kept}, indent=2) + "\n"
 
 
-class Rotation:
-    """The operator's file (`source`) in, smg's manifest (`target`) out."""
+class Rotation(Collector):
+    """The operator's file (`source`) in, smg's manifest (`target`) out; its state as Prometheus metrics."""
 
     def __init__(self, source: Path, target: Path, exporter_port: int, ask: Ask = ask_ready) -> None:
         self.source, self.target, self.exporter_port, self.ask = source, target, exporter_port, ask
@@ -110,6 +124,32 @@ class Rotation:
         self.target.parent.mkdir(parents=True, exist_ok=True)
         state.write_whole(self.target, text)  # smg reads it on the rename
         return True
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        """Per worker (labels worker, the url as smg's own series name it, and id): in the rotation, its exporter
+        answering, and the phase it said (an exporter's phase name; `unknown` for an answer without one)."""
+        labels = ["worker", "id"]
+        within = GaugeMetricFamily(
+            "glm5_rotation_in_rotation", "1 while smg is given this worker", labels=labels
+        )
+        answering = GaugeMetricFamily(
+            "glm5_rotation_answering", "1 while the worker's exporter answers /ready", labels=labels
+        )
+        phase = GaugeMetricFamily(
+            "glm5_rotation_phase", "1 for the phase the worker's exporter says", labels=[*labels, "phase"]
+        )
+        for worker in self.workers:
+            url = worker["url"]
+            if url not in self.state:
+                continue
+            ready, said = self.state[url]
+            ids = [url, worker.get("id", url)]
+            within.add_metric(ids, float(ready))
+            heard = not said.startswith(NO_ANSWER)
+            answering.add_metric(ids, float(heard))
+            if heard:
+                phase.add_metric([*ids, said if said.isidentifier() else "unknown"], 1.0)
+        yield from (within, answering, phase)
 
     def run(self, stop: threading.Event, poll: float = POLL_SECONDS) -> None:
         while not stop.wait(poll):

@@ -99,7 +99,7 @@ def main() -> int:
         prom = Prometheus(
             tmp,
             {"glm5": f"127.0.0.1:{c.port}", "glm5-exporter": f"127.0.0.1:{exporter_port}",
-             "glm5-gateway": f"127.0.0.1:{gw.metrics}"},
+             "glm5-gateway": f"127.0.0.1:{gw.metrics}", "glm5-rotation": f"127.0.0.1:{gw.rotation_metrics}"},
         )  # fmt: skip
         try:
             c.wait_healthy(timeout=300)

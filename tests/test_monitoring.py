@@ -26,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from common.report import EXIT_CODES, FAILURE_KINDS
 from configuration import settings, state
 from conftest import ROOT, kit_env
+from gateway import rotation
 from helpers import k8s
 from helpers.container import Container, free_port, start
 from helpers.gateway import KEY, Gateway, chat
@@ -104,8 +105,8 @@ def test_every_series_the_dashboard_and_alerts_use_exists_in_sglang_smg_or_the_e
     assert len(used["sglang:"]) >= 10 and used["glm5_"] and used["smg_"]
     missing = used["sglang:"] - sglang_names()
     assert not missing, f"not in the installed sglang's source: {sorted(missing)}"
-    missing = used["glm5_"] - exporter_names()
-    assert not missing, f"not exported by monitoring/exporter.py: {sorted(missing)}"
+    missing = used["glm5_"] - exporter_names() - set(rotation.NAMES)
+    assert not missing, f"not exported by monitoring/exporter.py or gateway/rotation.py: {sorted(missing)}"
     missing = used["smg_"] - in_binary(smg_binary(), used["smg_"])
     assert not missing, f"not in smg's binary: {sorted(missing)}"
 
@@ -372,9 +373,9 @@ def stack(tmp_path: Path, containers: list[Container]) -> Iterator[tuple[Prometh
         prom = Prometheus(
             tmp_path,
             {"glm5": f"127.0.0.1:{c.port}", "glm5-exporter": f"127.0.0.1:{exporter_port}",
-             "glm5-gateway": f"127.0.0.1:{gw.metrics}"},
+             "glm5-gateway": f"127.0.0.1:{gw.metrics}", "glm5-rotation": f"127.0.0.1:{gw.rotation_metrics}"},
         )  # fmt: skip
-        prom.wait_up({"glm5", "glm5-exporter", "glm5-gateway"})
+        prom.wait_up({"glm5", "glm5-exporter", "glm5-gateway", "glm5-rotation"})
         yield prom, c, gw
     finally:
         if prom is not None:
@@ -423,21 +424,47 @@ def test_real_prometheus_scrapes_the_stack_and_every_dashboard_query_returns_ser
 def test_real_prometheus_puts_replica_down_pending_when_the_replica_dies(
     stack: tuple[Prometheus, Container, Gateway],
 ) -> None:
+    """The whole replica gone (its container, exporter and all, as a lost host): the rotation takes it out and says
+    its exporter is silent. smg drains the worker it is no longer given for 5 s and drops its series: the alert holds
+    on the rotation's view after that."""
     prom, c, _ = stack
+    for proc in c.leftovers():
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    deadline = time.monotonic() + 30
+    while prom.query("smg_worker_health") or not prom.query("glm5_rotation_answering == 0"):
+        assert time.monotonic() < deadline, (
+            prom.query("smg_worker_health"),
+            prom.query("glm5_rotation_answering"),
+        )
+        time.sleep(0.5)
+    (out,) = prom.query("glm5_rotation_in_rotation")
+    assert out["value"][1] == "0" and out["metric"]["id"] == "glm5-a"
+    time.sleep(3)  # evaluations after smg's series went
+    alerts = {a["labels"]["alertname"]: a for a in prom.api("alerts")["alerts"]}
+    assert alerts["GLM5ReplicaDown"]["state"] == "pending"  # for its 2 minutes, then firing
+    assert alerts["GLM5ReplicaDown"]["labels"]["worker"] == f"http://127.0.0.1:{c.port}"
+
+
+@pytest.mark.boots
+def test_a_replica_restarting_its_server_is_out_of_the_rotation_and_not_down(
+    stack: tuple[Prometheus, Container, Gateway],
+) -> None:
+    """The server killed inside a live container: supervisord starts it again, the rotation takes the replica out
+    while its exporter says it starts, and back in once ready; no replica-down alert for a start."""
+    prom, c, gw = stack
     for proc in c.leftovers():  # the double and its scheduler stand-in
         with contextlib.suppress(psutil.Error):
             if "sglang_server_double" in " ".join(proc.cmdline()):
                 proc.kill()
-    deadline = time.monotonic() + 60
-    while not prom.query("smg_worker_health == 0"):
-        assert time.monotonic() < deadline, prom.query("smg_worker_health")
-        time.sleep(0.5)
-    pending = [a["labels"]["alertname"] for a in prom.api("alerts")["alerts"]]
-    deadline = time.monotonic() + 10
-    while "GLM5ReplicaDown" not in pending and time.monotonic() < deadline:
-        time.sleep(0.5)
-        pending = [a["labels"]["alertname"] for a in prom.api("alerts")["alerts"]]
-    assert "GLM5ReplicaDown" in pending  # pending for its 2 minutes, then firing
+    deadline = time.monotonic() + 90
+    for value in ("0", "1"):  # out, then in again
+        while prom.query(f"glm5_rotation_in_rotation == {value}") == []:
+            assert time.monotonic() < deadline, (value, prom.query("glm5_rotation_phase"))
+            time.sleep(0.3)
+    gw.wait_healthy(1)
+    firing = [a["labels"]["alertname"] for a in prom.api("alerts")["alerts"]]
+    assert "GLM5ReplicaDown" not in firing and prom.query("glm5_rotation_answering == 0") == []
 
 
 # --- Kubernetes and compose -----------------------------------------------------------------------------------------
@@ -541,6 +568,13 @@ def test_the_prometheus_config_scrapes_the_server_the_exporter_and_the_gateway_o
         f"glm5:{cfg['deployment']['exporter_port']}"
     ]
     assert jobs["glm5-gateway"]["dns_sd_configs"][0]["port"] == cfg["gateway"]["metrics_port"]
+    assert jobs["glm5-rotation"]["dns_sd_configs"][0]["port"] == cfg["gateway"]["rotation_metrics_port"]
+
+
+def test_the_readme_names_every_alert_and_no_other() -> None:
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("### Monitoring") :].split("\n### ", 1)[0]
+    assert set(re.findall(r"GLM5[A-Z][A-Za-z]+", section)) == set(rules())
 
 
 @pytest.mark.parametrize("overlay", ["k8s/overlays/monitoring", "k8s/overlays/gateway-monitoring"])

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from configuration import settings
 from conftest import ROOT
@@ -141,3 +142,33 @@ def test_a_draining_server_is_not_ready_by_the_exporters_ready(tmp_path: Path) -
 def exporter_readiness(env: dict[str, str]) -> tuple[int, str]:
     code, body = start_exporter.readiness(env)
     return code, body["phase"]
+
+
+def test_the_rotation_says_on_metrics_who_is_in_who_answers_and_their_phase(tmp_path: Path) -> None:
+    source = workers_file(tmp_path / "w.json", {"id": "a", "url": "http://10.0.0.1:30000"},
+                          {"id": "b", "url": "http://10.0.0.2:30000"}, {"url": "http://10.0.0.3:30000"})  # fmt: skip
+    said = {"http://10.0.0.1:30090/ready": (True, "ready"), "http://10.0.0.2:30090/ready": (False, "loading"),
+            "http://10.0.0.3:30090/ready": (False, "no answer (Connection refused)")}  # fmt: skip
+    turn = rotation.Rotation(source, tmp_path / "out.json", 30090, lambda url: said[url])
+    registry = CollectorRegistry()
+    registry.register(turn)
+    assert [s for family in registry.collect() for s in family.samples] == []  # nothing before its first pass
+    turn.step()
+    samples = {(s.name, s.labels.get("id"), s.labels.get("phase")): s.value
+               for family in registry.collect() for s in family.samples}  # fmt: skip
+    url3 = "http://10.0.0.3:30000"  # no id: the url is its id
+    assert samples == {
+        ("glm5_rotation_in_rotation", "a", None): 1.0,
+        ("glm5_rotation_in_rotation", "b", None): 0.0,
+        ("glm5_rotation_in_rotation", url3, None): 0.0,
+        ("glm5_rotation_answering", "a", None): 1.0,
+        ("glm5_rotation_answering", "b", None): 1.0,
+        ("glm5_rotation_answering", url3, None): 0.0,
+        ("glm5_rotation_phase", "a", "ready"): 1.0,
+        ("glm5_rotation_phase", "b", "loading"): 1.0,
+    }
+    said["http://10.0.0.2:30090/ready"] = (False, "503")  # an answer without a phase
+    turn.step()
+    phases = {s.labels["id"]: s.labels["phase"] for family in registry.collect()
+              for s in family.samples if s.name == "glm5_rotation_phase"}  # fmt: skip
+    assert phases == {"a": "ready", "b": "unknown"}

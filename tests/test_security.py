@@ -357,7 +357,12 @@ def test_prometheus_runs_under_a_read_only_root_with_only_its_data_volume_writab
     (tmp_path / "data").mkdir()
     prom = Prometheus(
         tmp_path,
-        {"glm5": "127.0.0.1:1", "glm5-exporter": "127.0.0.1:1", "glm5-gateway": "127.0.0.1:1"},
+        {
+            "glm5": "127.0.0.1:1",
+            "glm5-exporter": "127.0.0.1:1",
+            "glm5-gateway": "127.0.0.1:1",
+            "glm5-rotation": "127.0.0.1:1",
+        },
         wrapper=sandbox(ROOT, ("ro", tmp_path / "prometheus.yml"), ("rw", tmp_path / "data")),
     )
     try:

@@ -30,7 +30,7 @@ class Gateway:
         rotation: Path | None = None,
         **env: str,
     ) -> None:
-        self.tmp, self.port, self.metrics = tmp, free_port(), free_port()
+        self.tmp, self.port, self.metrics, self.rotation_metrics = tmp, free_port(), free_port(), free_port()
         self.discovery = tmp / "workers.json"
         # What smg reads: the ready replicas (gateway/rotation.py).
         self.rotation = rotation or tmp / "rotation" / "workers.json"
@@ -52,6 +52,8 @@ class Gateway:
             str(self.discovery),
             "--rotation-file",
             str(self.rotation),
+            "--rotation-metrics-port",
+            str(self.rotation_metrics),
         ]
         self.proc = subprocess.Popen(
             [*wrapper, *self.launch, "--",
