@@ -263,6 +263,9 @@ def answer(prompt: str) -> str:
         return "zq!! ##\u00a4 0x0 0x0 0x0"
     low = prompt.lower()
     read = read_and_answer(prompt)
+    if read is not None and re.search(r"(inside|within) \\boxed\{\}", prompt):
+        # an evaluator's prompt (sgl-eval's math.yaml: "put the answer (and only answer) inside \boxed{}")
+        return f"The answer is \\boxed{{{read}}}."
     if read is not None:
         return read
     return next((a for q, a in ANSWERS.items() if q in low), "I do not know.")
