@@ -29,6 +29,7 @@ from typing import Any
 
 from common.report import EXIT_CODES, FAILED, FAILURE_KINDS, OK, Log, Problems
 from configuration import config, settings
+from configuration.batch_sizes import effective_decode_max_bs
 from kernels import modules as kernel_modules
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,6 +52,9 @@ MARKED = (
     "k8s/overlays/gateway/replicas.yaml",
     "k8s/overlays/monitoring/kustomization.yaml",
     "k8s/overlays/gateway-monitoring/kustomization.yaml",
+    "k8s/overlays/gateway-autoscaling/kustomization.yaml",
+    "k8s/overlays/gateway-autoscaling/autoscaled.yaml",
+    "k8s/overlays/gateway-autoscaling/scaledobject.yaml",
     "k8s/components/monitoring/podmonitor.yaml",
     "monitoring/prometheus/prometheus.yml",
     "monitoring/prometheus/alerts.yml",
@@ -121,6 +125,15 @@ def values(cfg: Mapping[str, Any]) -> dict[str, Any]:
     for key, value in cfg["gateway"].items():
         if not isinstance(value, list):
             v[f"gateway_{key}"] = value
+    for key, value in cfg["autoscaling"].items():
+        v[f"autoscaling_{key}"] = value
+    # A replica's capacity, as the gateway's admission counts it; KEDA's threshold is that share of it.
+    v["autoscaling_capacity"] = effective_decode_max_bs(
+        defaults["cuda_graph_max_bs_decode"],
+        defaults["speculative"] != "off",
+        defaults["max_running_requests"],
+    )
+    v["autoscaling_threshold"] = math.floor(v["autoscaling_capacity"] * v["autoscaling_target_utilization"])
     # smg keeps listening min(grace / 2, 5 s) after SIGTERM (for load balancers to notice), then drains the rest.
     v["gateway_stop_grace_seconds"] = v["gateway_shutdown_grace_seconds"] + 5 + v["stop_margin_seconds"]
     problems = [

@@ -2,12 +2,13 @@
 
     gateway/launch --discovery-file FILE [-- SMG-FLAGS...]      plain Docker hosts (compose profile gateway): smg
                                                                 routes to the ready replicas of FILE (gateway/rotation.py)
-    gateway/launch --kubernetes NAMESPACE [-- SMG-FLAGS...]     the Kubernetes overlay: pods of this namespace
+    gateway/launch --kubernetes NAMESPACE [--replicas N] [-- SMG-FLAGS...]
+                                                                the Kubernetes overlays: pods of this namespace
     gateway/launch ... --dry-run                                print smg's arguments (the key redacted), start nothing
 
 The flags come from entrypoint/glm5.toml's [gateway] (policy, worker health checks that follow the replicas'
 readiness rule, ports), then admission sized from the replicas (each replica's largest captured decode batch, times
-the replicas: FILE's workers or [gateway].replicas; a queue as long again), then the discovery, then any SMG-FLAGS; smg's own parser (smg.launch_router.
+the replicas: FILE's workers, or --replicas, else [gateway].replicas; a queue as long again), then the discovery, then any SMG-FLAGS; smg's own parser (smg.launch_router.
 parse_router_args) checks them all. The key, GLM5_API_KEY or GLM5_API_KEY_FILE as for the replicas, is added
 to the parsed arguments inside this process and smg is run from Python (smg.launch_router.launch_router), so it
 is in no argv (ps, /proc/PID/cmdline, the pod spec). smg checks it on /v1/* and forwards the client's own
@@ -74,7 +75,7 @@ def smg_argv(values: Mapping[str, Any], args: argparse.Namespace) -> list[str]:
         argv += admission(values, len(listed))
         argv += ["--discovery-provider", "file", "--discovery-file", args.rotation_file]
     elif args.kubernetes:
-        argv += admission(values, int(gw["replicas"]), int(gw["gateways"]))
+        argv += admission(values, args.replicas or int(gw["replicas"]), int(gw["gateways"]))
         # Its own namespace only (without it smg watches every namespace and needs cluster-wide rights).
         argv += ["--discovery-provider", "kubernetes", "--service-discovery-namespace", args.kubernetes]
         argv += ["--selector", *SELECTOR.split(), "--service-discovery-port", str(values["port"])]
@@ -92,6 +93,12 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
         help="where the ready replicas of --discovery-file are written for smg (a writable folder)",
     )
     parser.add_argument(
+        "--replicas",
+        type=int,
+        help="with --kubernetes: the replicas admission is sized for (default [gateway].replicas; the autoscaling "
+        "overlay: its most)",
+    )
+    parser.add_argument(
         "--rotation-metrics-port",
         type=int,
         default=settings.load_config()["gateway"]["rotation_metrics_port"],
@@ -102,6 +109,10 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
     )
     parser.add_argument("smg_flags", nargs="*", help="more smg flags, after --")
     args = parser.parse_args(argv)
+    if args.replicas is not None and (args.replicas < 1 or not args.kubernetes):
+        parser.error(
+            f"--replicas {args.replicas}: 1 or more, with --kubernetes (a workers file lists its replicas)"
+        )
     try:
         values = settings.resolve(settings.container_environment(environ))
     except Problems as err:

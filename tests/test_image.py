@@ -28,6 +28,7 @@ SHELL_SCRIPTS = [
     "image/relock",
     # the thin executables in front of the Python modules
     "ci/bench",
+    "ci/eval",
     "ci/render",
     "ci/render-dashboard",
     "ci/smoke",
@@ -144,7 +145,7 @@ def test_kubernetes_manifests_validate_strictly(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-KIT_FOLDERS = ("base", "overlays/gateway", "overlays/monitoring", "overlays/gateway-monitoring")
+KIT_FOLDERS = tuple(o.removeprefix("k8s/") for o in k8s.OVERLAYS)
 
 
 def container_images(folder: Path) -> set[str]:

@@ -90,8 +90,14 @@ def exporter_names() -> set[str]:
     return {f"{n}_total" if n in counters else n for n in exporter.NAMES}
 
 
+def keda_query() -> str:
+    """The autoscaling overlay's Prometheus query (k8s/overlays/gateway-autoscaling/scaledobject.yaml)."""
+    so = yaml.safe_load((ROOT / "k8s/overlays/gateway-autoscaling/scaledobject.yaml").read_text())
+    return str(so["spec"]["triggers"][0]["metadata"]["query"])
+
+
 def used_series() -> dict[str, set[str]]:
-    exprs = [q for _, q in dashboard_queries()] + [r["expr"] for r in rules().values()]
+    exprs = [q for _, q in dashboard_queries()] + [r["expr"] for r in rules().values()] + [keda_query()]
     used: dict[str, set[str]] = {"sglang:": set(), "glm5_": set(), "smg_": set()}
     for expr in exprs:
         for name in SERIES.findall(expr):
@@ -407,6 +413,12 @@ def test_real_prometheus_scrapes_the_stack_and_every_dashboard_query_returns_ser
         if not prom.query(grafana_to_promql(expr)):
             empty.append((title, expr))
     assert not empty, f"dashboard queries without series: {empty}"
+    # KEDA's query, less its namespace matcher (no namespace label off Kubernetes): one number, the demand.
+    (demand,) = prom.query(re.sub(r',\s*namespace="[^"]*"', "", keda_query()))
+    parts = [
+        prom.query(f"sum(max by (instance) (sglang:{n}))") for n in ("num_running_reqs", "num_queue_reqs")
+    ]
+    assert float(demand["value"][1]) == sum(float(p[0]["value"][1]) for p in parts)
     # The series are the exporter's, per replica under one instance label with the server's own.
     (phase,) = prom.query("glm5_start_phase == 1")
     assert phase["metric"]["phase"] == "ready" and phase["metric"]["instance"] == "127.0.0.1"
@@ -480,7 +492,10 @@ def crd_check(objects: list[dict[str, Any]], tmp: Path) -> subprocess.CompletedP
     return subprocess.run(["node", str(CRD_CHECK), str(path)], capture_output=True, text=True)
 
 
-@pytest.mark.parametrize("overlay", ["k8s/overlays/monitoring", "k8s/overlays/gateway-monitoring"])
+@pytest.mark.parametrize(
+    "overlay",
+    ["k8s/overlays/monitoring", "k8s/overlays/gateway-monitoring", "k8s/overlays/gateway-autoscaling"],
+)
 @pytest.mark.boots
 def test_monitoring_objects_are_valid_against_the_prometheus_operator_crds(
     overlay: str, tmp_path: Path
@@ -577,10 +592,18 @@ def test_the_readme_names_every_alert_and_no_other() -> None:
     assert set(re.findall(r"GLM5[A-Z][A-Za-z]+", section)) == set(rules())
 
 
-@pytest.mark.parametrize("overlay", ["k8s/overlays/monitoring", "k8s/overlays/gateway-monitoring"])
+@pytest.mark.parametrize(
+    "overlay",
+    ["k8s/overlays/monitoring", "k8s/overlays/gateway-monitoring", "k8s/overlays/gateway-autoscaling"],
+)
 @pytest.mark.boots
 def test_the_monitoring_overlays_other_objects_validate_strictly(overlay: str, tmp_path: Path) -> None:
-    core = [d for d in k8s.objects(ROOT / overlay) if not d["apiVersion"].startswith("monitoring.coreos.com")]
+    # the CRDs' kinds are checked against their own schemas (crd_check)
+    core = [
+        d
+        for d in k8s.objects(ROOT / overlay)
+        if not d["apiVersion"].startswith(("monitoring.coreos.com", "keda.sh"))
+    ]
     assert "ConfigMap" in {d["kind"] for d in core}
     path = tmp_path / "core.yaml"
     path.write_text(yaml.safe_dump_all(core))

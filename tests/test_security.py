@@ -24,7 +24,7 @@ from helpers.sandbox import NEEDS_BWRAP, sandbox
 CHECKOV = ROOT / ".venv-checkov" / "bin" / "checkov"
 
 
-OVERLAYS = ("k8s/base", "k8s/overlays/gateway", "k8s/overlays/monitoring", "k8s/overlays/gateway-monitoring")
+OVERLAYS = k8s.OVERLAYS
 CONFIG = settings.load_config()
 DEPLOYMENT = CONFIG["deployment"]
 

@@ -1,20 +1,25 @@
-// Validate Kubernetes objects of the prometheus-operator's kinds against its CRD schemas (v0.90.1).
+// Validate Kubernetes objects of the prometheus-operator's kinds (v0.90.1) and KEDA's ScaledObject against their CRD
+// schemas (@kubernetes-models: prometheus-operator, keda).
 // Usage: node validate.mjs FILE.yaml...   (multi-document YAML; other kinds are refused, not skipped)
 // Exit 0 when every object is valid, 1 naming each invalid one.
 import { readFileSync } from "node:fs";
 import { parseAllDocuments } from "yaml";
 import { PodMonitor, ServiceMonitor, PrometheusRule } from "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1";
+import { ScaledObject } from "@kubernetes-models/keda/keda.sh/v1alpha1";
 
-const KINDS = { PodMonitor, ServiceMonitor, PrometheusRule };
+const KINDS = {
+  "monitoring.coreos.com/v1": { PodMonitor, ServiceMonitor, PrometheusRule },
+  "keda.sh/v1alpha1": { ScaledObject },
+};
 let failed = 0;
 for (const file of process.argv.slice(2)) {
   for (const doc of parseAllDocuments(readFileSync(file, "utf8"))) {
     const obj = doc.toJS();
     if (obj === null) continue;
     const name = `${file}: ${obj.kind}/${obj.metadata?.name}`;
-    const Kind = KINDS[obj.kind];
-    if (obj.apiVersion !== "monitoring.coreos.com/v1" || !Kind) {
-      console.log(`FAIL ${name}: not a monitoring.coreos.com/v1 kind this checks`);
+    const Kind = KINDS[obj.apiVersion]?.[obj.kind];
+    if (!Kind) {
+      console.log(`FAIL ${name}: ${obj.apiVersion} ${obj.kind} is not a kind this checks`);
       failed++;
       continue;
     }

@@ -8,6 +8,14 @@ from typing import Any
 
 import yaml
 
+from conftest import ROOT
+
+# Every folder `kubectl apply -k` is given, the overlays found on disk: a new one is scanned and checked unasked.
+OVERLAYS = (
+    "k8s/base",
+    *sorted(f"k8s/overlays/{p.name}" for p in (ROOT / "k8s" / "overlays").iterdir() if p.is_dir()),
+)
+
 
 def kustomized(folder: Path) -> str:
     done = subprocess.run(["kubectl", "kustomize", str(folder)], capture_output=True, text=True, check=False)

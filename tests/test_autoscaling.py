@@ -1,0 +1,151 @@
+"""k8s/overlays/gateway-autoscaling: KEDA's ScaledObject against its CRD schema, the HorizontalPodAutoscaler behaviour
+it hands on against Kubernetes' own, and the overlay's seams (the count, the gateway's admission, each replica's cap)."""
+
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from configuration import settings
+from configuration.batch_sizes import effective_decode_max_bs
+from conftest import ROOT
+from helpers import k8s
+
+pytestmark = pytest.mark.boots  # kustomize, node, kubernetes-validate
+OVERLAY = ROOT / "k8s" / "overlays" / "gateway-autoscaling"
+CRD_CHECK = ROOT / "tests" / "crd" / "validate.mjs"
+MODELS = ROOT / "tests" / "crd" / "node_modules" / "@kubernetes-models" / "keda" / "keda.sh" / "v1alpha1"
+CONFIG = settings.load_config()
+AUTO = CONFIG["autoscaling"]
+
+
+def built() -> dict[tuple[str, str], dict[str, Any]]:
+    return {(o["kind"], o["metadata"]["name"]): o for o in k8s.objects(OVERLAY)}
+
+
+def capacity() -> int:
+    d = settings.resolve({})
+    return effective_decode_max_bs(
+        d["cuda_graph_max_bs_decode"], d["speculative"] != "off", d["max_running_requests"]
+    )
+
+
+def scaled_object() -> dict[str, Any]:
+    return built()[("ScaledObject", "glm5")]
+
+
+def crd_check(objects: list[dict[str, Any]], tmp: Path) -> subprocess.CompletedProcess[str]:
+    path = tmp / "objects.yaml"
+    path.write_text(yaml.safe_dump_all(objects))
+    return subprocess.run(["node", str(CRD_CHECK), str(path)], capture_output=True, text=True)
+
+
+def test_the_scaled_object_is_valid_against_kedas_crd_schema_and_a_broken_one_is_not(tmp_path: Path) -> None:
+    so = scaled_object()
+    done = crd_check([so], tmp_path)
+    assert done.returncode == 0 and done.stdout.startswith("ok "), done.stdout + done.stderr
+    so["spec"]["minReplicaCount"] = "two"
+    del so["spec"]["scaleTargetRef"]["name"]
+    done = crd_check([so], tmp_path)
+    assert done.returncode == 1 and "minReplicaCount must be integer" in done.stdout
+
+
+def declared(model: str) -> set[str]:
+    """The properties a KEDA model declares (its TypeScript interface): the schema check passes unknown keys."""
+    text = (MODELS / f"{model}.d.ts").read_text()
+    return set(re.findall(r"^\s+\"?([A-Za-z]+)\"?\??: ", text, re.M))
+
+
+def test_every_key_of_the_scaled_object_is_one_keda_declares() -> None:
+    spec = scaled_object()["spec"]
+    assert set(spec) <= declared("ScaledObjectSpec"), set(spec) - declared("ScaledObjectSpec")
+    assert set(spec["scaleTargetRef"]) <= declared("ScaleTarget")
+    assert set(spec["advanced"]) <= declared("AdvancedConfig")
+    assert set(spec["advanced"]["horizontalPodAutoscalerConfig"]) <= declared("HorizontalPodAutoscalerConfig")
+    for trigger in spec["triggers"]:
+        assert set(trigger) <= declared("ScaleTriggers"), set(trigger) - declared("ScaleTriggers")
+    assert "pollingIntervall" not in declared("ScaledObjectSpec")  # the check can fail: a typo is no key
+
+
+def test_the_behaviour_keda_hands_to_its_hpa_is_valid_autoscaling_v2(tmp_path: Path) -> None:
+    """KEDA copies advanced.horizontalPodAutoscalerConfig.behavior into the HorizontalPodAutoscaler it creates:
+    Kubernetes' own schema, strictly (an unknown key fails)."""
+    spec = scaled_object()["spec"]
+    hpa = {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": "keda-hpa-glm5", "namespace": "glm5"},
+        "spec": {
+            "scaleTargetRef": spec["scaleTargetRef"],
+            "minReplicas": spec["minReplicaCount"],
+            "maxReplicas": spec["maxReplicaCount"],
+            "behavior": spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"],
+            "metrics": [{"type": "External", "external": {"metric": {"name": "s0-prometheus"},
+                         "target": {"type": "AverageValue", "averageValue": spec["triggers"][0]["metadata"]["threshold"]}}}],
+        },
+    }  # fmt: skip
+    validator = Path(sys.executable).parent / "kubernetes-validate"
+    path = tmp_path / "hpa.yaml"
+    for doc, ok in (
+        (hpa, True),
+        (yaml.safe_load(yaml.safe_dump(hpa).replace("periodSeconds", "periodSecond")), False),
+    ):
+        path.write_text(yaml.safe_dump(doc))
+        done = subprocess.run(
+            [str(validator), "--strict", "-k", "1.30", str(path)], capture_output=True, text=True
+        )
+        assert (done.returncode == 0) is ok, done.stdout + done.stderr
+
+
+def test_the_overlay_scales_the_statefulset_within_its_bounds_on_its_replicas_demand() -> None:
+    objects = built()
+    so = objects[("ScaledObject", "glm5")]["spec"]
+    assert so["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "glm5"}
+    assert (so["minReplicaCount"], so["maxReplicaCount"]) == (AUTO["min_replicas"], AUTO["max_replicas"])
+    assert AUTO["min_replicas"] >= 1 and AUTO["max_replicas"] >= AUTO["min_replicas"]
+    # The HPA owns the count: a replicas field would reset it on each apply.
+    assert "replicas" not in objects[("StatefulSet", "glm5")]["spec"]
+    (trigger,) = so["triggers"]
+    assert trigger["type"] == "prometheus" and trigger["metricType"] == "AverageValue"
+    meta = trigger["metadata"]
+    assert meta["serverAddress"] == AUTO["prometheus_url"]
+    assert int(meta["threshold"]) == math.floor(capacity() * AUTO["target_utilization"])
+    namespace = CONFIG["deployment"]["namespace"]
+    assert meta["query"].count(f'namespace="{namespace}"') == 2 and meta["query"].endswith("or vector(0)")
+    up = so["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleUp"]["policies"]
+    assert up == [{"type": "Pods", "value": 1, "periodSeconds": AUTO["scale_up_period_seconds"]}]
+
+
+def test_each_replica_runs_at_most_its_capacity_and_the_gateway_admits_for_the_most_replicas(
+    tmp_path: Path,
+) -> None:
+    objects = built()
+    server = objects[("StatefulSet", "glm5")]["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in server["env"]}
+    assert env["GLM5_MAX_RUNNING_REQUESTS"] == str(capacity())
+    assert env["GLM5_API_KEY_FILE"]  # the base's env kept: the patch merges by name
+    gateway = objects[("Deployment", "glm5-gateway")]["spec"]["template"]["spec"]["containers"][0]
+    args = gateway["args"]
+    assert args[:3] == ["gateway", "--kubernetes", "$(POD_NAMESPACE)"]
+    assert args[args.index("--replicas") + 1] == str(AUTO["max_replicas"])
+    # What smg is given for those arguments: the bound for the most replicas, split across the gateway pods.
+    done = subprocess.run(
+        [str(ROOT / "gateway" / "launch"), "--kubernetes", "glm5", "--replicas", str(AUTO["max_replicas"]), "--dry-run"],
+        capture_output=True, text=True, timeout=120, env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    argv = done.stdout.split()
+    bound = AUTO["max_replicas"] * capacity() // CONFIG["gateway"]["gateways"]
+    assert argv[argv.index("--max-concurrent-requests") + 1] == str(bound)
+    refused = subprocess.run(
+        [str(ROOT / "gateway" / "launch"), "--discovery-file", str(tmp_path / "w.json"), "--replicas", "4", "--dry-run"],
+        capture_output=True, text=True, timeout=120, env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"},
+    )  # fmt: skip
+    assert refused.returncode == 2 and "--replicas 4: 1 or more, with --kubernetes" in refused.stderr
