@@ -25,6 +25,14 @@ ALLOWANCE = 0.03
 # GLM-5's recommended sampling for most tasks (temperature 1.0, top-p 0.95: https://unsloth.ai/docs/models/tutorials/
 # glm-5, after the model card); flags after `--` come later on sgl-eval's command line and win.
 SAMPLING = ("--temperature", "1.0", "--top-p", "0.95")
+# The run the figure is compared with: sgl-eval's `run` options (its own parser's names) as ci/eval sets them. Any
+# other value (fewer examples or repeats, other sampling, thinking off, a bound on the answer, another prompt or set)
+# asks another question, and the score is reported, not held to the figure.
+PUBLISHED_RUN: dict[str, Any] = {
+    "num_examples": None, "n_repeats": None, "max_tokens": None, "temperature": 1.0, "top_p": 0.95,
+    "thinking": None, "reasoning_effort": None, "chat_template_kwarg": None, "prompt": None,
+    "from_dataset": None, "preset": None, "load_preset_from_model_id": None,
+}  # fmt: skip
 
 
 def headline(metrics: dict[str, Any]) -> float:
@@ -35,15 +43,28 @@ def headline(metrics: dict[str, Any]) -> float:
     return float(aggregate["score"])
 
 
-def bar(benchmark: str, comparable: bool, min_score: float | None) -> tuple[float | None, str]:
+def differences(options: dict[str, Any]) -> list[str]:
+    """The options (sgl-eval's parsed `run` namespace) that differ from the published run, as flags."""
+    return [
+        f"--{key.replace('_', '-')} {options.get(key)}"
+        for key, value in PUBLISHED_RUN.items()
+        if options.get(key) != value
+    ]
+
+
+def bar(
+    benchmark: str, differs: list[str], partial: bool, min_score: float | None
+) -> tuple[float | None, str]:
     """The least score that passes (None: report only) and why."""
     if min_score is not None:
         return min_score, "--min-score"
     figure = PUBLISHED.get(benchmark)
     if figure is None:
         return None, f"no published GLM-5 figure for {benchmark} (known: {', '.join(sorted(PUBLISHED))})"
-    if not comparable:
-        return None, "a subset or a local set is not comparable to the published figure"
+    if partial:
+        return None, "an interrupted run is not comparable to the published figure"
+    if differs:
+        return None, f"not the published run ({', '.join(differs)}): not comparable to the figure"
     return (
         figure.score - ALLOWANCE,
         f"{figure.name} {figure.score * 100:.1f} ({figure.source}) less {ALLOWANCE * 100:.0f} points",

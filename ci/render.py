@@ -152,9 +152,36 @@ def values(cfg: Mapping[str, Any]) -> dict[str, Any]:
             f"probe_command_timeout_seconds = {v['probe_command_timeout_seconds']} must exceed health_timeout_seconds "
             f"= {v['health_timeout_seconds']} and GLM5_HEALTH_TIMEOUT's max {longest} (the probe waits that long for /health)"
         )
+    problems += autoscaling_problems(v)
     if problems:
         raise RenderError("entrypoint/glm5.toml: " + "; ".join(problems))
     return v
+
+
+def autoscaling_problems(v: Mapping[str, Any]) -> list[str]:
+    """[autoscaling] within what KEDA and the HorizontalPodAutoscaler accept (their schemas check types, not these)."""
+    found = []
+    if not 1 <= v["autoscaling_min_replicas"] <= v["autoscaling_max_replicas"]:
+        found.append(
+            f"[autoscaling] min_replicas = {v['autoscaling_min_replicas']}, max_replicas = "
+            f"{v['autoscaling_max_replicas']}: 1 <= min_replicas <= max_replicas"
+        )
+    if not 0 < v["autoscaling_target_utilization"] <= 1 or v["autoscaling_threshold"] < 1:
+        found.append(
+            f"[autoscaling] target_utilization = {v['autoscaling_target_utilization']}: above 0, at most 1, and at "
+            f"least one request of a replica's capacity ({v['autoscaling_capacity']})"
+        )
+    if not 1 <= v["autoscaling_scale_up_period_seconds"] <= 1800:
+        found.append(
+            f"[autoscaling] scale_up_period_seconds = {v['autoscaling_scale_up_period_seconds']}: 1 to 1800 (the "
+            "HorizontalPodAutoscaler's policy period)"
+        )
+    if not 0 <= v["autoscaling_scale_down_window_seconds"] <= 3600:
+        found.append(
+            f"[autoscaling] scale_down_window_seconds = {v['autoscaling_scale_down_window_seconds']}: 0 to 3600 (the "
+            "HorizontalPodAutoscaler's stabilization window)"
+        )
+    return found
 
 
 def form_value(form: str, found: Mapping[str, Any], where: str) -> str:

@@ -69,17 +69,23 @@ def ready_url(worker: Worker, exporter_port: int) -> str:
     return f"{parsed.scheme}://{parsed.hostname}:{exporter_port}/ready"
 
 
+def phase_of(body: bytes, otherwise: str) -> str:
+    """The phase an exporter's /ready body names, or `otherwise` for a body that names none."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return otherwise
+    phase = doc.get("phase") if isinstance(doc, dict) else None
+    return phase if isinstance(phase, str) and phase else otherwise
+
+
 def ask_ready(url: str) -> tuple[bool, str]:
     """The replica's own readiness: 200 from its exporter's /ready, with the phase it reports."""
     try:
         with urllib.request.urlopen(url, timeout=READY_TIMEOUT) as response:
-            return True, json.loads(response.read()).get("phase", "ready")
+            return True, phase_of(response.read(), "ready")
     except urllib.error.HTTPError as err:
-        try:
-            said = json.loads(err.read()).get("phase", str(err.code))
-        except ValueError:
-            said = str(err.code)
-        return False, said
+        return False, phase_of(err.read(), str(err.code))
     except (OSError, ValueError) as err:
         return False, f"{NO_ANSWER} ({getattr(err, 'reason', err)})"
 
@@ -138,11 +144,12 @@ class Rotation(Collector):
         phase = GaugeMetricFamily(
             "glm5_rotation_phase", "1 for the phase the worker's exporter says", labels=[*labels, "phase"]
         )
-        for worker in self.workers:
+        workers, state = self.workers, self.state  # one pass's view: step() replaces both, never mutates them
+        for worker in workers:
             url = worker["url"]
-            if url not in self.state:
+            if url not in state:
                 continue
-            ready, said = self.state[url]
+            ready, said = state[url]
             ids = [url, worker.get("id", url)]
             within.add_metric(ids, float(ready))
             heard = not said.startswith(NO_ANSWER)
@@ -157,6 +164,8 @@ class Rotation(Collector):
                 self.step()
             except OSError as err:  # a manifest folder that cannot be written: said, and tried again
                 LOG.error(f"cannot write {self.target}: {err}")
+            except Exception as err:  # noqa: BLE001  (the loop must outlive any one pass: said, and tried again)
+                LOG.error(f"rotation pass failed: {type(err).__name__}: {err}")
 
     def start(self, poll: float = POLL_SECONDS) -> threading.Event:
         """The first pass now (smg starts with the rotation as it is), then a thread; set the event to stop it."""

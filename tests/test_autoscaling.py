@@ -149,3 +149,37 @@ def test_each_replica_runs_at_most_its_capacity_and_the_gateway_admits_for_the_m
         capture_output=True, text=True, timeout=120, env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"},
     )  # fmt: skip
     assert refused.returncode == 2 and "--replicas 4: 1 or more, with --kubernetes" in refused.stderr
+
+
+def test_kedas_query_sums_each_replicas_running_and_queued_requests_once(tmp_path: Path) -> None:
+    """The shipped query, evaluated by promtool over series as the PodMonitor labels them: one replica reporting
+    from two TP ranks counts once, another namespace not at all, and no replica at all reads 0 (not an error)."""
+    query = scaled_object()["spec"]["triggers"][0]["metadata"]["query"]
+    ns = CONFIG["deployment"]["namespace"]
+
+    def series(name: str, pod: str, value: int, rank: str = "0", namespace: str = ns) -> dict[str, str]:
+        labels = f'job="glm5", namespace="{namespace}", instance="{pod}", tp_rank="{rank}"'
+        return {"series": f"sglang:{name}{{{labels}}}", "values": f"{value}x3"}
+
+    loaded = [series("num_running_reqs", "glm5-0", 300), series("num_queue_reqs", "glm5-0", 50),
+              series("num_running_reqs", "glm5-0", 300, rank="1"), series("num_queue_reqs", "glm5-0", 50, rank="1"),
+              series("num_running_reqs", "glm5-1", 200), series("num_queue_reqs", "glm5-1", 0),
+              series("num_running_reqs", "other-0", 999, namespace="other"),
+              series("num_queue_reqs", "other-0", 999, namespace="other")]  # fmt: skip
+    idle = [{"series": 'up{job="glm5"}', "values": "1x3"}]
+    tests = [{"interval": "1m", "input_series": inputs,
+              "promql_expr_test": [{"expr": query, "eval_time": "2m", "exp_samples": [{"labels": "{}", "value": want}]}]}
+             for inputs, want in ((loaded, 550), (idle, 0))]  # fmt: skip
+    (tmp_path / "none.yml").write_text("groups: []\n")
+    path = tmp_path / "query.test.yml"
+    path.write_text(yaml.safe_dump({"rule_files": ["none.yml"], "evaluation_interval": "1m", "tests": tests}))
+    done = subprocess.run(
+        ["promtool", "test", "rules", str(path)], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    broken = path.read_text().replace("max by (instance)", "sum by (instance)")  # counting both ranks: 900
+    path.write_text(broken)
+    done = subprocess.run(
+        ["promtool", "test", "rules", str(path)], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert done.returncode == 1 and "got: {} 9E+02" in done.stdout + done.stderr

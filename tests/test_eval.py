@@ -97,17 +97,29 @@ def test_a_server_answering_wrongly_scores_zero_and_fails_the_bar(
     assert "ci/eval: FAIL gsm8k 0.0 against 50.0" in done.stdout
 
 
-def test_a_full_run_of_a_benchmark_with_a_published_figure_is_held_to_it() -> None:
-    least, why = eval_score.bar("gpqa", comparable=True, min_score=None)
+def test_only_the_published_run_of_a_benchmark_with_a_figure_is_held_to_it() -> None:
+    published = dict(eval_score.PUBLISHED_RUN) | {
+        "seed": None,
+        "num_threads": 16,
+    }  # neither changes the question
+    assert eval_score.differences(published) == []
+    least, why = eval_score.bar("gpqa", [], partial=False, min_score=None)
     assert (
         least == pytest.approx(0.83) and "GPQA-Diamond 86.0" in why and "huggingface.co/zai-org/GLM-5" in why
     )
-    assert eval_score.bar("gpqa", comparable=False, min_score=None)[0] is None  # a subset: reported only
-    assert eval_score.bar("gsm8k", comparable=True, min_score=None) == (
+    for changed in ({"n_repeats": 1}, {"num_examples": 20}, {"temperature": 0.0}, {"thinking": False},
+                    {"from_dataset": "x.jsonl"}, {"max_tokens": 4096}, {"prompt": "matharena-aime"}):  # fmt: skip
+        differs = eval_score.differences(published | changed)
+        flag = "--" + next(iter(changed)).replace("_", "-")
+        assert len(differs) == 1 and differs[0].startswith(flag), differs
+        least, why = eval_score.bar("gpqa", differs, partial=False, min_score=None)
+        assert least is None and flag in why and "not comparable" in why
+    assert eval_score.bar("gpqa", [], partial=True, min_score=None)[0] is None  # interrupted: reported only
+    assert eval_score.bar("gsm8k", [], partial=False, min_score=None) == (
         None,
         "no published GLM-5 figure for gsm8k (known: gpqa)",
     )
-    assert eval_score.bar("gsm8k", comparable=False, min_score=0.7) == (0.7, "--min-score")
+    assert eval_score.bar("gsm8k", ["--from-dataset x"], partial=False, min_score=0.7) == (0.7, "--min-score")
 
 
 def test_the_headline_is_sgl_evals_pass_at_1_over_repeats_else_the_score() -> None:
@@ -117,10 +129,21 @@ def test_the_headline_is_sgl_evals_pass_at_1_over_repeats_else_the_score() -> No
 
 
 @pytest.mark.boots
-def test_a_key_on_the_command_line_is_refused_before_anything_runs() -> None:
-    done = subprocess.run([str(EVAL), "--url", "http://127.0.0.1:9", "--", "--api-key", "x"],
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--", "--api-key", "x"], "pass the key as GLM5_API_KEY_FILE"),
+        (["--", "--api", "x"], "pass the key as GLM5_API_KEY_FILE"),  # sgl-eval's parser takes abbreviations
+        (["--", "--api-key=x"], "pass the key as GLM5_API_KEY_FILE"),
+        (["--benchmark", "nope"], "Eval `nope` not found. Available: aime24"),
+        (["--num-examples", "0"], "--num-examples 0: 1 or more"),
+    ],
+)
+def test_bad_usage_is_refused_before_anything_runs(tmp_path: Path, args: list[str], message: str) -> None:
+    done = subprocess.run([str(EVAL), "--url", "http://127.0.0.1:9", "--report-dir", str(tmp_path / "r"), *args],
                           capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert done.returncode == 2 and "pass the key as GLM5_API_KEY_FILE" in done.stderr
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert "x" not in done.stdout and not (tmp_path / "r").exists()  # nothing printed, nothing run
 
 
 def test_the_readme_states_the_figure_the_bar_and_the_evaluator_pinned_here() -> None:

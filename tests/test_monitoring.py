@@ -475,8 +475,14 @@ def test_a_replica_restarting_its_server_is_out_of_the_rotation_and_not_down(
             assert time.monotonic() < deadline, (value, prom.query("glm5_rotation_phase"))
             time.sleep(0.3)
     gw.wait_healthy(1)
-    firing = [a["labels"]["alertname"] for a in prom.api("alerts")["alerts"]]
-    assert "GLM5ReplicaDown" not in firing and prom.query("glm5_rotation_answering == 0") == []
+    time.sleep(2)  # an evaluation after the last scrape
+    # Over the whole restart its exporter answered; the killed start reads `failed` until the next one begins, and smg
+    # (checking every second here) may see the dead server in its 5 s drain of the removed worker: seconds of pending,
+    # never firing (`for: 2m`).
+    assert prom.query("min_over_time(glm5_rotation_answering[5m]) == 0") == []
+    seen = {r["metric"]["phase"] for r in prom.query("max_over_time(glm5_rotation_phase[5m])")}
+    assert {"starting", "ready"} <= seen, seen
+    assert prom.query('ALERTS{alertname="GLM5ReplicaDown", alertstate="firing"}') == []
 
 
 # --- Kubernetes and compose -----------------------------------------------------------------------------------------

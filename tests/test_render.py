@@ -362,3 +362,25 @@ def test_the_image_folders_and_user_written_by_hand_match_glm5_toml() -> None:
         if d and d["kind"] == "Deployment"
     ]
     assert gateway[0]["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == v["uid"]
+
+
+@pytest.mark.parametrize(
+    ("source", "bad", "said"),
+    [
+        ("max_replicas = 4", "max_replicas = 1", "1 <= min_replicas <= max_replicas"),
+        (
+            "target_utilization = 0.8",
+            "target_utilization = 0.001",
+            "at least one request of a replica's capacity",
+        ),
+        ("scale_up_period_seconds = 1800", "scale_up_period_seconds = 3600", "1 to 1800"),
+        ("scale_down_window_seconds = 1800", "scale_down_window_seconds = 7200", "0 to 3600"),
+    ],
+)
+def test_autoscaling_bounds_the_hpa_refuses_are_refused_by_the_render(
+    tmp_path: Path, source: str, bad: str, said: str
+) -> None:
+    root = kit_copy(tmp_path)
+    set_source(root, source, bad)
+    done = run_render(root)
+    assert done.returncode == 1 and said in done.stderr and bad.split(" = ")[0] in done.stderr

@@ -94,10 +94,12 @@ def exporter() -> Iterator[str]:
 
 def test_a_replica_is_ready_only_when_its_exporter_answers_200(exporter: str) -> None:
     Ready.answers = {"/ok": (200, {"phase": "ready"}), "/drain": (503, {"phase": "draining"}),
-                     "/odd": (503, {})}  # fmt: skip
+                     "/odd": (503, {}), "/null": (503, {"phase": None}), "/list": (200, [1])}  # fmt: skip
     assert rotation.ask_ready(exporter + "/ok") == (True, "ready")
     assert rotation.ask_ready(exporter + "/drain") == (False, "draining")
     assert rotation.ask_ready(exporter + "/odd") == (False, "503")
+    assert rotation.ask_ready(exporter + "/null") == (False, "503")  # a body that names no phase
+    assert rotation.ask_ready(exporter + "/list") == (True, "ready")
     ready, said = rotation.ask_ready("http://127.0.0.1:9/ready")  # nothing listens: the box is gone
     assert not ready and said.startswith("no answer")
 
