@@ -23,6 +23,11 @@ def scrape(c: Container) -> dict[str, float]:
     return exporter_samples(c.exporter_port)
 
 
+# Each request 0.1 s on the double's "GPU": the set takes a few seconds, so a poll every 0.3 s on a loaded 2-core
+# machine sees `verifying` (at the double's own speed, under 0.1 s, a poll could miss it: CI at d040bed did).
+SLOW_ENOUGH_TO_SEE = "0.1"
+
+
 def settled(c: Container, timeout: float = 90) -> tuple[dict[str, Any], list[str]]:
     """Wait until the start is over (ready or failed); its JSON and every phase seen on the way."""
     seen: list[str] = []
@@ -40,7 +45,9 @@ def settled(c: Container, timeout: float = 90) -> tuple[dict[str, Any], list[str
 def test_a_right_server_is_verifying_then_ready_and_its_build_keeps_the_result(
     tmp_path: Path, containers: list[Container]
 ) -> None:
-    c = start(tmp_path, GLM5_CACHE_DIR=str(tmp_path / "cache"))
+    c = start(
+        tmp_path, GLM5_CACHE_DIR=str(tmp_path / "cache"), SGLANG_DOUBLE_SERVE_SECONDS=SLOW_ENOUGH_TO_SEE
+    )
     containers.append(c)
     found, seen = settled(c)
     assert found["phase"] == "ready" and seen[-2:] == ["verifying", "ready"], (seen, found["reason"])
@@ -73,7 +80,9 @@ WRONG_MODES = {  # mode -> the verify/run.py verdict reasons it must produce, an
 def test_a_wrong_server_never_turns_ready_and_says_which_items(
     mode: str, tmp_path: Path, containers: list[Container]
 ) -> None:
-    c = start(tmp_path, mode, GLM5_CACHE_DIR=str(tmp_path / "cache"))
+    c = start(
+        tmp_path, mode, GLM5_CACHE_DIR=str(tmp_path / "cache"), SGLANG_DOUBLE_SERVE_SECONDS=SLOW_ENOUGH_TO_SEE
+    )
     containers.append(c)
     found, seen = settled(c)
     reason, named = WRONG_MODES[mode]
