@@ -163,6 +163,10 @@ def test_the_compose_profile_command_starts_the_real_gateway(
     port = free_port()
     argv = [str(workers) if part.endswith("workers.json") else part for part in command]
     argv += ["--rotation-file", str(tmp_path / "rotation" / "workers.json")]  # not the image's /tmp here
+    argv += [
+        "--rotation-metrics-port",
+        str(free_port()),
+    ]  # not the image's fixed port: other tests listen here
     env = {k: v for k, v in os.environ.items() if not k.startswith("GLM5_")} | {
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "GLM5_API_KEY": KEY, "GLM5_HOME": str(ROOT),
     }  # fmt: skip
@@ -170,15 +174,17 @@ def test_the_compose_profile_command_starts_the_real_gateway(
         [str(ROOT / "entrypoint" / "entrypoint.sh"), *argv, "--", "--host", "127.0.0.1", "--port", str(port),
          "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), "--health-check-port",
          str(free_port()), "--worker-startup-check-interval", "1"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        env=env, stdout=(tmp_path / "gateway.out").open("w"), stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 60
         while chat(f"http://127.0.0.1:{port}", "What is the capital of France?")[0] != 200:
-            assert proc.poll() is None and time.monotonic() < deadline
+            said = (tmp_path / "gateway.out").read_text()[-3000:]
+            assert proc.poll() is None and time.monotonic() < deadline, said
             time.sleep(0.5)
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
 
 
