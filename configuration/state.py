@@ -5,7 +5,8 @@ the start marker line in the server log. Only this module names them.
 |---|---|---|---|
 | `starts` | launch --serve | launch --serve | how many starts this container has made (the number in the marker) |
 | `launch.json` | launch --serve, at each start | healthcheck, ci tools, people | the effective configuration of the current start (argv with secrets redacted, env, expected graph counts, port, log dir, health timeout), its start number, pid and time |
-| `capture.json` | healthcheck | healthcheck | the capture facts of a start once capture is done (the log's tail window may lose them later); written only when it changes |
+| `capture.json` | entrypoint/lifecycle (its TICK_5, the one writer: the one prober that runs under supervisord all the time, every 5 s, whether anyone asks or not) | every prober (the healthcheck, the exporter, the gate, the bundle) | what the log said of a start once its capture is done or it is ready, with its drain and what ended it merged in later (the log's tail window and its rotation lose the start's own lines); written only when it changes |
+| `stopped.json` | launch --serve, when it passes a SIGTERM or SIGINT on to the server | every prober | `{"start", "signal", "at"}`: the start was told to stop (a container stop, supervisord's stop, the stall watchdog's restart); a start that reached ready reads draining from then on, even before the server logs its drain |
 | `failed.json` | launch --prepare (an invalid setting, preflight), entrypoint/lifecycle (FATAL) | healthcheck, the exporter, entrypoint.sh (its exit code), people | a failure a restart cannot fix: `{"code", "reason", "at"}`; the container stays up showing it (GLM5_ON_FAILURE=wait); removed at the next prepare |
 | `doctor.json` | launch --prepare | launch --serve (into launch.json as `doctor_warnings`) | the doctor's warnings about this box |
 | `verified.json` | verify/gate (after each start's warm-up) | healthcheck, the exporter, people | the start's verification: `{"start", "build_id", "passed", "accuracy", "reasons", "regressed", "results"}` (verify/run.py's summary); a start counts as ready only once its own is there and passed (GLM5_VERIFY) |
@@ -34,12 +35,13 @@ SERVER_LOG = (
 )
 LAUNCH = "launch.json"
 CAPTURE = "capture.json"
+STOPPED = "stopped.json"
 STARTS = "starts"
 SERVER_CONFIG = "server-config.yaml"
 FAILED = "failed.json"
 DOCTOR = "doctor.json"
 VERIFIED = "verified.json"  # the verification of the latest start (verify/gate.py)
-FILES = (STARTS, LAUNCH, CAPTURE, SERVER_CONFIG, FAILED, DOCTOR, VERIFIED)
+FILES = (STARTS, LAUNCH, CAPTURE, STOPPED, SERVER_CONFIG, FAILED, DOCTOR, VERIFIED)
 MARKER_TEXT = "glm5-serve: server start #"
 MARKER = re.compile(
     rb"glm5-serve: server start #(\d+) at (\S+)(?: pid \d+: decode graphs expected (\d+), prefill (\d+))?"
@@ -158,11 +160,8 @@ def read_capture(state_dir: str | Path) -> dict[str, Any] | None:
 def write_capture(state_dir: str | Path, facts: dict[str, Any]) -> None:
     """Write only on change: probes repeat every few seconds."""
     file, text = path(state_dir, CAPTURE), json.dumps(facts)
-    try:
-        if not file.exists() or file.read_text() != text:
-            write_whole(file, text)  # the probes and the exporter write it concurrently
-    except OSError:
-        pass  # a read-only or missing state dir costs the tail-window memory, not the probe
+    if not file.exists() or file.read_text() != text:
+        write_whole(file, text)  # readers probe at any moment: they see the old facts or the new
 
 
 def write_whole(file: Path, text: str) -> None:
@@ -170,6 +169,19 @@ def write_whole(file: Path, text: str) -> None:
     staged = file.with_name(f".{file.name}.{os.getpid()}")
     staged.write_text(text)
     staged.replace(file)
+
+
+def write_stopped(state_dir: str | Path, start: int, signal_name: str) -> None:
+    """Record that start `start` was told to stop (called from a signal handler: small, and whole or not at all)."""
+    import datetime
+
+    at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    record = {"start": start, "signal": signal_name, "at": at}
+    write_whole(path(state_dir, STOPPED), json.dumps(record) + "\n")
+
+
+def read_stopped(state_dir: str | Path) -> dict[str, Any] | None:
+    return read_json(path(state_dir, STOPPED))
 
 
 def read_verified(state_dir: str | Path) -> dict[str, Any] | None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import functools
 import json
 import os
 import shlex
@@ -25,6 +26,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -145,7 +147,8 @@ def serve(effective: config.Effective) -> int:
     if effective.secret_options:
         state.write_server_config(state_dir, effective.secret_options)
     try:
-        return supervise(argv, server_env(os.environ, record["env"]), effective.secrets())
+        stopping = functools.partial(state.write_stopped, state_dir, start)
+        return supervise(argv, server_env(os.environ, record["env"]), effective.secrets(), stopping)
     finally:
         state.remove_server_config(state_dir)
 
@@ -169,9 +172,12 @@ def server_env(environ: dict[str, str] | os._Environ[str], configured: dict[str,
     return env
 
 
-def supervise(argv: list[str], env: dict[str, str], secrets: list[str]) -> int:
+def supervise(
+    argv: list[str], env: dict[str, str], secrets: list[str], stopping: Callable[[str], None] | None = None
+) -> int:
     """Run the server as a child rather than exec it: its output passes through the masking relay (a thread
-    here), SIGTERM/SIGINT go to it alone (it drains), and when it exits what it left behind in this process
+    here), SIGTERM/SIGINT go to it alone (it drains) after `stopping` recorded the stop (stopped.json: the probes
+    read draining at once, whatever the log says yet), and when it exits what it left behind in this process
     group is killed (TP workers holding GPU memory would make the restart run out of memory)."""
     if os.getpgrp() != os.getpid():
         os.setpgid(0, 0)  # lead our own group (supervisord already does this), so only the server's is reaped
@@ -180,6 +186,11 @@ def supervise(argv: list[str], env: dict[str, str], secrets: list[str]) -> int:
     children: list[subprocess.Popen[bytes]] = []
 
     def forward(signum: int, _frame: object) -> None:
+        if stopping is not None:
+            try:
+                stopping(signal.Signals(signum).name)
+            except OSError as err:  # the stop itself must go on
+                LOG.warning(f"could not record the stop in the state folder: {err}")
         if children:
             children[0].send_signal(signum)
         else:

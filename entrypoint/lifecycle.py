@@ -6,7 +6,9 @@ with the recorded code. And the stall watchdog: on each TICK_5, while the server
 own decision (healthcheck/probe.py, from the log alone); a start with no log output for GLM5_STALL_SECONDS is hung,
 and the server program is restarted, however long a start that keeps making progress takes. Docker never restarts an
 unhealthy container (restart policies act on an exit), so on compose this is what clears a hang; on Kubernetes it
-acts first and liveness, which fails on the same hang, is the backstop (README: Restarts). Speaks the listener
+acts first and liveness, which fails on the same hang, is the backstop (README: Restarts). On each TICK_5 it is
+also the one writer of capture.json: what the log said of the current start, kept before the log's tail window
+or its rotation loses it (healthcheck/probe.py remember; every other prober only reads it). Speaks the listener
 protocol on stdout (supervisor.childutils); logs go to stderr."""
 
 from __future__ import annotations
@@ -85,6 +87,15 @@ def watch(rpc: Supervisor, judge: Callable[[], dict[str, Any]]) -> bool:
     return True
 
 
+def keep(state_dir: str) -> None:
+    """Remember the current start's facts (capture.json); a state or log this tick cannot read is logged, and the
+    next tick tries again."""
+    try:
+        probe.remember(state_dir)
+    except (OSError, ValueError, KeyError, TypeError, Problems) as err:
+        LOG.warning(f"could not keep the start's facts in {state.CAPTURE}: {err}")
+
+
 def give_up(code: int, values: dict[str, Any], rpc: Supervisor) -> None:
     if values["on_failure"] == "exit":
         LOG.error(f"failed (exit code {code}): stopping the container (GLM5_ON_FAILURE=exit)")
@@ -117,6 +128,7 @@ def main() -> int:
         event, _data = childutils.eventdata(payload + "\n")
         try:
             if headers["eventname"].startswith("TICK_"):
+                keep(values["state_dir"])
                 watch(rpc, judge)  # asks the judge only while the server runs: never under invalid settings
             else:
                 on_event(headers["eventname"], event, values, rpc)

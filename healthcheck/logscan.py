@@ -3,8 +3,10 @@
 Understands SGLang 0.5.23's lines (breakable prefill and full decode capture, with a TPn rank prefix,
 tqdm frames joined by carriage returns) and the older formats (`Capture cuda graph bs [...]`,
 `Capture cuda graph end. Time elapsed`, piecewise `Capturing num tokens`). Only the current run
-counts: everything after the last `glm5-serve: server start #N` marker written by entrypoint/launch.
-Works on bytes with compiled patterns, so a probe costs the same on a 1 GB log as on a small one.
+counts: everything after the last `glm5-serve: server start #N` marker written by entrypoint/launch. A tail with no
+marker is a foreign log, or the current start's log after its own lines left the window (or a rotation): for
+that, the scan also keeps what ends a server whenever it comes (`server_failure`), which is all that counts after
+the ready line; the start's own facts are remembered (healthcheck/phase.py merged). Works on bytes with compiled patterns, so a probe costs the same on a 1 GB log as on a small one.
 """
 
 from __future__ import annotations
@@ -112,6 +114,8 @@ class Scan:
         # The ready line's own stamp (the server's local time), if it has one.
         self.ready_at: str | None = None
         self.capacity: dict[str, float] | None = None  # the scheduler's sizes line (CAPACITY keys)
+        # The first event that ends a server even after the ready line (PROCESS_FATAL): (event, reason).
+        self.server_failure: tuple[str, str] | None = None
         self.bytes_read = bytes_read
         for key, value in facts.items():
             if not hasattr(self, key):
@@ -183,12 +187,21 @@ def record(result: Scan, name: str, m: re.Match[bytes], data: bytes, end: int) -
         result.prefill_frame = (int(m.group(1)), int(m.group(2)))
     elif name == "decode_frame":
         result.decode_frame = (int(m.group(1)), int(m.group(2)))
-    elif result.failure is None and (
-        name in PROCESS_FATAL or (name in START_FATAL and "ready" not in result.seen)
-    ):
-        # After the ready line a traceback belongs to a request; a dead or hung server process is fatal still.
-        result.failure = failure_reason(name, m, data, end)
-        result.failure_event = name
+    elif fatal(result, name) and (result.failure is None or result.server_failure is None):
+        reason = failure_reason(name, m, data, end)
+        if result.failure is None and (name in PROCESS_FATAL or "ready" not in result.seen):
+            result.failure, result.failure_event = reason, name
+        if result.server_failure is None and name in PROCESS_FATAL:
+            result.server_failure = (name, reason)
+
+
+def fatal(result: Scan, name: str) -> bool:
+    """Can this event end the server? A dead or hung server process (PROCESS_FATAL), except the `kill_process_tree`
+    with which SGLang ends its own drain (a stop, not a failure); and before the ready line a traceback or an
+    out-of-memory line too (after it, those belong to a request)."""
+    if name == "killed":
+        return "draining" not in result.seen
+    return name in PROCESS_FATAL or name in START_FATAL
 
 
 def exception_after(data: bytes, end: int) -> str:

@@ -40,19 +40,31 @@ def log_says_ready(scan: Scan) -> bool:
     return "ready" in scan.seen and scan.failure is None and "draining" not in scan.seen
 
 
-def remembered(scan: Scan, launch: dict[str, Any] | None, cached: dict[str, Any] | None) -> Scan:
-    """The capture facts to judge: the log's, or, once the log's tail no longer holds the current start's
-    marker, the facts kept in capture.json for that same start."""
-    if scan.start is None and launch is not None and cached and cached.get("start") == launch.get("start"):
-        facts = dict(cached)
-        facts["seen"] = set(facts["seen"])
-        return Scan(**facts, bytes_read=scan.bytes_read)
-    return scan
+def merged(scan: Scan, launch: dict[str, Any] | None, kept: dict[str, Any] | None) -> Scan:
+    """The facts to judge. A tail that holds the current start's marker says everything itself. A tail without it
+    comes after that start's own lines (they left the window, or the log was rotated): the start's remembered facts
+    (capture.json, `kept`) with the tail's events merged in, never replaced by them: the drain line, and what ends a
+    server (a traceback or an out-of-memory line there belongs to a request, as after the ready line)."""
+    if scan.start is not None or launch is None or not kept or kept.get("start") != launch.get("start"):
+        return scan
+    facts = dict(kept)
+    facts["seen"] = set(facts["seen"]) | (scan.seen & {"draining"})
+    if facts.get("server_failure") is not None:
+        facts["server_failure"] = tuple(facts["server_failure"])
+    late = scan.server_failure
+    if late is not None and late[0] == "killed" and "draining" in facts["seen"]:
+        late = None  # SGLang's drain ends with kill_process_tree: a stop
+    if facts.get("failure") is None and late is not None:
+        facts["failure_event"], facts["failure"] = late
+        facts["server_failure"] = facts.get("server_failure") or late
+        facts["seen"].add(late[0])
+    return Scan(**facts, bytes_read=scan.bytes_read)
 
 
 def worth_keeping(scan: Scan) -> dict[str, Any] | None:
-    """The facts to keep in capture.json: those of a start whose decode capture is done."""
-    if scan.start is None or not decode_done(scan):
+    """What to remember of a start (capture.json), so that its facts outlive the log's tail window: those of a start
+    whose decode capture is done or that said it is ready (and, merged in later, its drain and what ended it)."""
+    if scan.start is None or not (decode_done(scan) or "ready" in scan.seen):
         return None
     return {k: (sorted(v) if isinstance(v, set) else v) for k, v in vars(scan).items() if k != "bytes_read"}
 
@@ -100,10 +112,13 @@ def decide(
     http: int | str | None,
     quiet: float | None = None,
     stall_seconds: float | None = None,
+    stopped: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The phase. `alive`: the current start's server process lives (None: unknown). `http`: what /health
     answered (None: not asked). `quiet`: seconds since the log last grew (None: unknown); past
-    `stall_seconds` before the ready line, the start is hung."""
+    `stall_seconds` before the ready line, the start is hung. `stopped`: the current start's stop record
+    (stopped.json): once ready it is draining whatever the log says yet; before, it reads as it was, stopping; its
+    processes killed or gone after the stop are the stop's doing, not a failure."""
     decode_captured, prefill_captured = captured_counts(scan)
     out: dict[str, Any] = {
         "phase": "starting",
@@ -120,11 +135,11 @@ def decide(
         "capacity": scan.capacity,  # what the replica holds at once, from the scheduler's line (None before it)
         "failure_kind": None,  # what failed, as a key of common.report.FAILURE_KINDS (metrics carry its code)
     }
-    if scan.failure:
+    if scan.failure and not (stopped and scan.failure_event == "killed"):
         # An exception whose cause is out of memory is that, whichever line reported it.
         kind = "oom" if "out of memory" in scan.failure else scan.failure_event
         return out | {"phase": "failed", "reason": explain_failure(scan), "failure_kind": kind}
-    if alive is False:
+    if alive is False and not stopped:
         return out | {
             "phase": "failed",
             "failure_kind": "exited",
@@ -170,10 +185,10 @@ def decide(
                 }
             out["reason"] = "no decode capture in the log; graph counts unknown (not a start of this kit?)"
         # Stopped: out of every rotation now, finishing what it has (GLM5_DRAIN_SECONDS).
-        if "draining" in scan.seen:
+        if "draining" in scan.seen or stopped:
             return out | {
                 "phase": "draining",
-                "reason": "SIGTERM: finishing the requests in flight; no new ones",
+                "reason": stop_reason(stopped, "finishing the requests in flight; no new ones"),
             }
         if http is None or http == 200:
             return out | {"phase": "ready"}
@@ -184,6 +199,8 @@ def decide(
         out["phase"] = "warming_up"
     elif "load_begin" in scan.seen or "load_end" in scan.seen:
         out["phase"] = "loading"
+    if stopped:
+        out["reason"] = stop_reason(stopped, "the start ends here")
     if quiet is not None and stall_seconds is not None and quiet > stall_seconds:
         return out | {
             "phase": "failed",
@@ -193,6 +210,13 @@ def decide(
             f"{stall_seconds:g}): a hang; NCCL peer-to-peer on PCIe is the known cause (README: Troubleshooting)",
         }
     return out
+
+
+def stop_reason(stopped: dict[str, Any] | None, what: str) -> str:
+    """Why a start is stopping: its stop record's signal and time, else the server's own drain line."""
+    if not stopped:
+        return f"SIGTERM: {what}"
+    return f"stopped ({stopped.get('signal', 'SIGTERM')} at {stopped.get('at', '?')}): {what}"
 
 
 def verification_of(verified: dict[str, Any] | None, start: int | None) -> dict[str, Any] | None:

@@ -151,7 +151,7 @@ def parse_args(argv: list[str] | None, run: dict[str, Any]) -> argparse.Namespac
 
 
 def probe(args: argparse.Namespace) -> dict[str, Any]:
-    """Read what the decision needs, in order, and decide."""
+    """Read what the decision needs, in order, and decide. Reads only: capture.json has one writer (remember)."""
     try:
         data = logscan.read_tail(args.log_path, args.tail_bytes)
     except FileNotFoundError:
@@ -159,13 +159,11 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
     scan = logscan.scan(data)
     offline = args.log is not None
     launch = None if offline else state.read_json(args.state)
+    stopped = None
     if not offline:
         state_dir = args.state.parent
-        keep = phase.worth_keeping(scan)
-        if keep is not None:
-            state.write_capture(state_dir, keep)
-        else:
-            scan = phase.remembered(scan, launch, state.read_capture(state_dir))
+        scan = phase.merged(scan, launch, state.read_capture(state_dir))
+        stopped = state.current(state.read_stopped(state_dir), scan.start)
     current = state.current(launch, scan.start)
     need_config = current is None and not (scan.decode_list and scan.prefill_list)
     expected = phase.expected_counts(scan, current, configured_counts(os.environ) if need_config else None)
@@ -176,7 +174,9 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
     if phase.log_says_ready(scan) and not args.no_http:
         http = http_status(args.url, "/health", args.timeout)
     quiet = None if offline or not data else log_quiet_seconds(args.log_path)
-    result = phase.decide(scan, expected, alive, args.accept_partial, http, quiet, args.stall_seconds)
+    result = phase.decide(
+        scan, expected, alive, args.accept_partial, http, quiet, args.stall_seconds, stopped
+    )
     if not offline:  # a saved log alone has no verification to read
         result = phase.gated(result, args.verify, state.read_verified(args.state.parent))
     recorded = None if offline else state.read_failed(args.state.parent)
@@ -201,6 +201,24 @@ def from_the_log(environ: Mapping[str, str]) -> tuple[argparse.Namespace, dict[s
     the exporter runs it on a scrape, the stall watchdog on a tick and the support bundle once: its args and result."""
     args = parse_args(["--no-http"], settings_of_this_run(dict(environ)))
     return args, probe(args)
+
+
+def remember(state_dir: str) -> bool:
+    """Keep what the log says of the current start in capture.json, merged with what was kept: the one writer
+    (entrypoint/lifecycle, each TICK_5). True when it wrote; nothing before a start has written its launch.json."""
+    launch = state.read_launch(state_dir)
+    if launch is None or not isinstance(launch.get("log_dir"), str):
+        return False
+    try:
+        data = logscan.read_tail(Path(launch["log_dir"]) / state.SERVER_LOG)
+    except FileNotFoundError:
+        return False
+    kept = state.read_capture(state_dir)
+    keep = phase.worth_keeping(phase.merged(logscan.scan(data), launch, kept))
+    if keep is None or keep == kept:
+        return False
+    state.write_capture(state_dir, keep)
+    return True
 
 
 def log_quiet_seconds(log: Path) -> float | None:

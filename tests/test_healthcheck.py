@@ -18,6 +18,7 @@ import pytest
 from configuration import state
 from conftest import ROOT, healthcheck_json, kit_env
 from healthcheck import logscan, phase
+from healthcheck import probe as healthcheck_probe
 
 HEALTHCHECK = ROOT / "healthcheck" / "healthcheck"
 LOGS = ROOT / "tests" / "fixtures" / "logs"
@@ -190,7 +191,13 @@ def run_dir(
         text = (
             f"===== glm5-serve: server start #{start} at 2026-11-30T00:00:00+00:00 pid {pid} =====\n" + text
         )
-        state = {"start": start, "pid": pid, "decode_expected": 52, "prefill_expected": 58}
+        state = {
+            "start": start,
+            "pid": pid,
+            "decode_expected": 52,
+            "prefill_expected": 58,
+            "log_dir": str(tmp_path / "log"),
+        }
         (tmp_path / "run" / "launch.json").write_text(json.dumps(state))
         if verified:  # verify/gate's record of this start (tests/test_verify_gate.py boots the gate itself)
             record = {"start": start, "passed": True, "right": 57, "items": 57, "reasons": [], "results": []}
@@ -250,6 +257,9 @@ def test_a_long_running_server_stays_ready_past_the_tail_window(tmp_path: Path, 
     env = run_dir(tmp_path, "sglang-0.5.23-rendered-from-source.log", start=1, pid=os.getpid())
     Health.status = 200
     assert probe("--url", health_server, **env)[0] == 0
+    assert healthcheck_probe.remember(
+        env["GLM5_STATE_DIR"]
+    )  # the one writer (entrypoint/lifecycle's tick) keeps it
     with (tmp_path / "log" / "server.log").open("a") as fh:
         fh.write(
             '[2026-11-30 01:00:00] INFO:     127.0.0.1:5 - "POST /v1/chat/completions HTTP/1.1" 200 OK\n'
@@ -357,9 +367,9 @@ def test_capture_facts_are_kept_only_for_a_finished_capture_of_a_known_start() -
         )
     assert kept is not None and kept["start"] is not None
     empty = logscan.Scan()
-    back = phase.remembered(empty, {"start": kept["start"]}, kept)
+    back = phase.merged(empty, {"start": kept["start"]}, kept)
     assert back.start == kept["start"] and phase.decode_done(back)
-    assert phase.remembered(empty, {"start": kept["start"] + 1}, kept) is empty  # another start's facts
+    assert phase.merged(empty, {"start": kept["start"] + 1}, kept) is empty  # another start's facts
 
 
 def test_out_of_memory_without_a_traceback_still_fails_the_start() -> None:

@@ -1,0 +1,233 @@
+"""The verdict stays live to the last line of the log: a start whose own lines have left the probe's tail window
+(or a rotation) is judged by what was remembered of it (capture.json) with the tail's new events merged in, and a
+stop recorded by launch --serve (stopped.json) reads draining at once. Pure steps, no processes."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from configuration import state
+from configuration.state import MARKER_TEXT
+from conftest import ROOT, healthcheck_json
+from healthcheck import logscan, phase
+from helpers.container import Container, start
+
+LOGS = ROOT / "tests" / "fixtures" / "logs"
+START = 4
+LAUNCH = {"start": START, "decode_expected": 52, "prefill_expected": 58}
+MARKER = (
+    b"===== glm5-serve: server start #4 at 2026-12-03T09:00:00+00:00 pid 7: decode graphs expected 52, "
+    b"prefill 58 =====\n"
+)
+# 0.5.23 lines: the decode batch line (scheduler_components/metrics_reporter.py, as tests/fixtures/logs/real/ and
+# ../shared/research/sglang-on-cpu/server-start-to-sigterm.log print it), the drain (tokenizer_manager.py
+# SignalHandler.sigterm_handler) and its end (kill_process_tree), a scheduler's death (scheduler.py).
+BATCH = (
+    b"[2026-12-03 10:00:00 TP0] Decode batch, #running-req: 3, #token: 9000, token usage: 0.02, cuda graph: True, "
+    b"gen throughput (token/s): 150.00, #queue-req: 0\n"
+)
+DRAIN = b"[2026-12-03 10:05:00] SIGTERM received. signum=None frame=None. Draining requests and shutting down...\n"
+DRAIN_END = (
+    b"[2026-12-03 10:05:09] kill_process_tree called: parent_pid=28565, include_parent=False, pid=28565\n"
+)
+SCHEDULER_DIED = (
+    b"[2026-12-03 10:05:00 TP3] Scheduler hit an exception: Traceback (most recent call last):\n"
+    b'  File "/usr/local/lib/python3.12/dist-packages/sglang/srt/managers/scheduler.py", line 3005, in run\n'
+    b"torch.AcceleratorError: CUDA error: an illegal memory access was encountered\n"
+)
+REQUEST_FAILED = (
+    b"[2026-12-03 10:05:00] Traceback (most recent call last):\n"
+    b"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+)
+
+
+def kept() -> dict[str, Any]:
+    """What the writer remembered while the start's own lines were still in the tail."""
+    facts = phase.worth_keeping(
+        logscan.scan(MARKER + (LOGS / "sglang-0.5.23-rendered-from-source.log").read_bytes())
+    )
+    assert facts is not None and facts["start"] == START
+    return facts
+
+
+def judge(
+    tail: bytes, remembered: dict[str, Any] | None, stopped: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    scan = phase.merged(logscan.scan(tail), LAUNCH, remembered)
+    return phase.decide(scan, (52, 58), True, False, None, None, None, stopped)
+
+
+def test_a_tail_past_the_window_is_the_remembered_start() -> None:
+    found = judge(BATCH * 1000, kept())
+    assert (found["phase"], found["start"], found["decode_captured"]) == ("ready", START, 52)
+
+
+def test_a_drain_after_the_window_reads_draining() -> None:
+    found = judge(BATCH * 1000 + DRAIN + BATCH * 10, kept())
+    assert found["phase"] == "draining", found
+
+
+def test_a_server_process_that_dies_after_the_window_reads_failed() -> None:
+    found = judge(BATCH * 1000 + SCHEDULER_DIED + BATCH, kept())
+    assert (found["phase"], found["failure_kind"]) == ("failed", "process_exception"), found
+    assert "illegal memory access" in found["reason"] and "while serving" in found["reason"]
+
+
+def test_a_request_that_fails_after_the_window_is_not_the_servers_end() -> None:
+    """A traceback or an out-of-memory line after the ready line belongs to a request, as it does in the window."""
+    assert judge(BATCH * 10 + REQUEST_FAILED + BATCH, kept())["phase"] == "ready"
+
+
+def test_sglangs_own_end_of_a_drain_is_a_stop_not_a_failure() -> None:
+    assert judge(BATCH + DRAIN + BATCH + DRAIN_END, kept())["phase"] == "draining"
+    remembered = phase.worth_keeping(phase.merged(logscan.scan(BATCH + DRAIN), LAUNCH, kept()))
+    assert judge(BATCH + DRAIN_END, remembered)["phase"] == "draining"  # the drain line itself has left too
+    # The same line without a drain: the server's processes were killed.
+    assert judge(BATCH + DRAIN_END, kept())["failure_kind"] == "killed"
+    in_window = logscan.scan(
+        MARKER + (LOGS / "sglang-0.5.23-rendered-from-source.log").read_bytes() + DRAIN + DRAIN_END
+    )
+    assert in_window.failure is None and "draining" in in_window.seen
+
+
+def test_what_is_remembered_keeps_the_late_events_once_they_leave_the_window() -> None:
+    for tail, expected in ((BATCH + DRAIN, "draining"), (BATCH + SCHEDULER_DIED, "failed")):
+        remembered = phase.worth_keeping(phase.merged(logscan.scan(tail), LAUNCH, kept()))
+        assert remembered is not None
+        assert judge(BATCH * 1000, remembered)["phase"] == expected  # the event's line is gone from the tail
+
+
+def test_another_starts_facts_are_never_used() -> None:
+    other = kept() | {"start": START - 1}
+    found = judge(BATCH * 10 + DRAIN, other)
+    assert found["start"] is None and found["phase"] == "starting"
+
+
+def test_a_stopped_start_that_reached_ready_reads_draining_before_any_log_line() -> None:
+    stop = {"start": START, "signal": "SIGTERM", "at": "2026-12-03T10:05:00+00:00"}
+    found = judge(BATCH, kept(), stop)
+    assert found["phase"] == "draining" and found["reason"].startswith(
+        "stopped (SIGTERM at 2026-12-03T10:05:00"
+    )
+    # ... also while it was verifying (the gate turns ready into verifying; draining stays draining).
+    assert phase.gated(found, "enforce", None)["phase"] == "draining"
+    assert phase.gated(judge(BATCH, kept()), "enforce", None)["phase"] == "verifying"
+    # Its processes gone or killed after the stop are the stop's doing.
+    scan = phase.merged(logscan.scan(BATCH + DRAIN_END), LAUNCH, kept())
+    assert phase.decide(scan, (52, 58), False, False, None, None, None, stop)["phase"] == "draining"
+
+
+def test_a_start_stopped_before_ready_reads_as_it_was_stopping() -> None:
+    stop = {"start": START, "signal": "SIGTERM", "at": "2026-12-03T10:05:00+00:00"}
+    loading = logscan.scan(MARKER + b"[2026-12-03 09:01:00 TP0] Load weight begin. avail mem=94.62 GB\n")
+    found = phase.decide(loading, (52, 58), False, False, None, None, None, stop)
+    assert found["phase"] == "loading" and "stopped (SIGTERM" in found["reason"] and "ends" in found["reason"]
+
+
+# Through the kit's own container start (entrypoint.sh, the real supervisord, the server double): the exporter's
+# /ready (what the gateway's rotation asks) and the healthcheck, once the log has grown past the probe's window.
+
+GROWTH = 4_500_000  # bytes of batch lines: past logscan.TAIL_BYTES (4 MiB), as hours of serving write
+
+
+def grown(c: Container) -> None:
+    """Wait until the one writer (the lifecycle tick, every 5 s) has kept the start's facts, then grow the log."""
+    kept = c.tmp / "run" / state.CAPTURE
+    deadline = time.monotonic() + 30
+    while (state.read_json(kept) or {}).get("start") != 1:
+        assert time.monotonic() < deadline, f"capture.json never written\n{c.entrypoint_output.read_text()}"
+        time.sleep(0.5)
+    with c.log.open("ab") as fh:
+        fh.write(BATCH * (GROWTH // len(BATCH) + 1))
+    assert MARKER_TEXT.encode() not in logscan.read_tail(c.log)
+
+
+def readiness(c: Container) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{c.exporter_port}/ready", timeout=10) as r:
+            return int(r.status), json.loads(r.read())["phase"]
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())["phase"]
+
+
+def eventually(c: Container, want: tuple[int, str], within: float = 8) -> None:
+    deadline = time.monotonic() + within
+    while (got := readiness(c)) != want:
+        assert time.monotonic() < deadline, f"/ready said {got}, not {want}"
+        time.sleep(0.2)
+
+
+@pytest.mark.boots
+def test_a_replica_past_the_window_reads_draining_within_seconds_of_sigterm(
+    tmp_path: Path, containers: list[Container]
+) -> None:
+    c = start(tmp_path, "slow-drain", GLM5_DRAIN_SECONDS="20")
+    containers.append(c)
+    c.wait_healthy()
+    grown(c)
+    assert readiness(c) == (200, "ready")
+    assert healthcheck_json(c.target.env)[1]["phase"] == "ready"
+    c.proc.send_signal(signal.SIGTERM)
+    eventually(c, (503, "draining"))
+    code, found = healthcheck_json(c.target.env)
+    assert (code, found["phase"]) == (1, "draining"), found
+    assert (state.read_json(c.tmp / "run" / state.STOPPED) or {}).get(
+        "start"
+    ) == 1  # launch recorded the stop
+    assert c.proc.wait(timeout=40) == 0
+
+
+@pytest.mark.boots
+def test_a_replica_past_the_window_reads_failed_after_a_process_exception_and_keeps_it(
+    tmp_path: Path, containers: list[Container]
+) -> None:
+    c = start(tmp_path)
+    containers.append(c)
+    c.wait_healthy()
+    grown(c)
+    with c.log.open("ab") as fh:
+        fh.write(SCHEDULER_DIED)
+    eventually(c, (503, "failed"))
+    code, found = healthcheck_json(c.target.env, "--no-http")
+    assert (code, found["phase"], found["failure_kind"]) == (1, "failed", "process_exception"), found
+    kept = c.tmp / "run" / state.CAPTURE  # the writer keeps the event, so it outlives the window too
+    deadline = time.monotonic() + 15
+    while (state.read_json(kept) or {}).get("failure_event") != "process_exception":
+        assert time.monotonic() < deadline, state.read_json(kept)
+        time.sleep(0.5)
+    with c.log.open("ab") as fh:
+        fh.write(BATCH * (GROWTH // len(BATCH) + 1))
+    assert readiness(c) == (503, "failed")
+
+
+@pytest.mark.boots
+def test_a_stuck_replica_past_the_window_fails_the_healthcheck_not_the_exporters_ready(
+    tmp_path: Path, containers: list[Container]
+) -> None:
+    """As in the window (test_liveness): /health times out on a stuck scheduler, so the healthcheck that asks it
+    fails; the exporter's /ready reads the log alone and cannot see the hang until SGLang latches UnHealthy."""
+    c = start(
+        tmp_path,
+        "stuck",
+        SGLANG_DOUBLE_STUCK_AFTER="25",
+        SGLANG_HEALTH_CHECK_TIMEOUT="2",
+        GLM5_HEALTH_TIMEOUT="4",
+    )
+    containers.append(c)
+    c.wait_healthy()
+    grown(c)
+    assert readiness(c) == (200, "ready")
+    deadline = time.monotonic() + 60
+    while (found := healthcheck_json(c.target.env))[0] == 0:
+        assert time.monotonic() < deadline, "the stuck scheduler never failed the healthcheck"
+        time.sleep(1)
+    assert (found[1]["phase"], found[1]["http"]) == ("ready", 503), found
+    assert found[1]["decode_captured"] == 52  # judged as the remembered start, not a foreign log
