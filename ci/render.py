@@ -30,6 +30,7 @@ from typing import Any
 from common.report import EXIT_CODES, FAILED, FAILURE_KINDS, OK, Log, Problems
 from configuration import config, settings
 from configuration.batch_sizes import effective_decode_max_bs
+from healthcheck.verdict import Phase
 from kernels import modules as kernel_modules
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,7 +78,7 @@ REFERENCE = "docs/reference.md"
 INTERNALS = "docs/internals.md"
 # The generated blocks (between `<!-- ci/render: NAME -->` markers), by the document that holds them.
 BLOCKS = {
-    README: ("exit-codes", "figures"),
+    README: ("phases", "exit-codes", "figures"),
     REFERENCE: ("configuration", "failure-codes"),
     INTERNALS: ("kernels",),
 }
@@ -329,6 +330,11 @@ def readme_blocks(cfg: Mapping[str, Any]) -> dict[str, Callable[[], str]]:
     def configuration() -> str:
         return config.reference(cfg)
 
+    def phases() -> str:
+        rows = ["| phase | what is happening | typical time |", "|---|---|---|"]
+        rows += [f"| `{p}` | {p.meaning} | {p.typical} |" for p in Phase]
+        return "\n".join(rows) + "\n"
+
     def exit_codes() -> str:
         rows = ["| code | meaning | tools |", "|---|---|---|"]
         rows += [f"| {code} | {meaning} | {tools} |" for code, meaning, tools in EXIT_CODES]
@@ -369,6 +375,7 @@ def readme_blocks(cfg: Mapping[str, Any]) -> dict[str, Callable[[], str]]:
     return {
         "kernels": kernels,
         "configuration": configuration,
+        "phases": phases,
         "exit-codes": exit_codes,
         "figures": figures,
         "failure-codes": failure_codes,

@@ -71,6 +71,7 @@ class Effective:
             "stall_seconds": self.values["stall_seconds"],
             "accept_partial_capture": self.values["accept_partial_capture"],
             "verify": self.values["verify"],
+            "on_failure": self.values["on_failure"],
             "decode_batch_sizes": self.decode_sizes,
             "decode_expected": len(self.decode_sizes),
             "prefill_token_sizes": self.prefill_sizes,

@@ -101,7 +101,7 @@ def log_tail(log_dir: str) -> str:
 
 
 def healthcheck_state(environ: Mapping[str, str]) -> str:
-    return json.dumps(probe.from_the_log(environ)[1], indent=2) + "\n"
+    return json.dumps(probe.verdict(probe.settings(environ)).as_json(), indent=2) + "\n"
 
 
 def doctor_findings(values: Mapping[str, Any], box: doctor.Box) -> str:

@@ -25,6 +25,7 @@ from supervisor import childutils
 from common.report import FAILED, FATAL, Log, Problems
 from configuration import state
 from healthcheck import logscan, phase, probe
+from healthcheck.verdict import Verdict
 
 PREFLIGHT, SERVER = "preflight", "sglang"  # the program names in supervisord.conf
 LOG = Log("glm5-serve")
@@ -72,16 +73,14 @@ def on_event(name: str, event: dict[str, str], values: dict[str, Any], rpc: Supe
         give_up(FATAL, values, rpc)
 
 
-def watch(rpc: Supervisor, judge: Callable[[], dict[str, Any]]) -> bool:
+def watch(rpc: Supervisor, judge: Callable[[], Verdict | None]) -> bool:
     """Restart a running server whose start is hung; True when it did."""
     if rpc.getProcessInfo(SERVER).get("statename") not in ("STARTING", "RUNNING"):
         return False
     found = judge()
-    if not found.get("hung"):
+    if found is None or not found.hung:
         return False
-    LOG.error(
-        f"{found.get('reason')}: restarting the server (a hang a restart can clear; GLM5_STALL_SECONDS)"
-    )
+    LOG.error(f"{found.reason}: restarting the server (a hang a restart can clear; GLM5_STALL_SECONDS)")
     rpc.stopProcess(SERVER, True)
     rpc.startProcess(SERVER, False)
     return True
@@ -115,13 +114,13 @@ def main() -> int:
         return LOG.problems(err.problems)
     rpc = childutils.getRPCInterface(os.environ).supervisor
 
-    def judge() -> dict[str, Any]:
-        """The healthcheck's decision from the log, with the current start's settings (nothing to judge when not
+    def judge() -> Verdict | None:
+        """The healthcheck's verdict from the log, with the current start's settings (nothing to judge when not
         even glm5.toml's folders can be used: then no server runs)."""
         try:
-            return probe.from_the_log(os.environ)[1]
+            return probe.verdict(probe.settings(os.environ))
         except Problems:
-            return {}
+            return None
 
     while True:
         headers, payload = childutils.listener.wait(sys.stdin, sys.stdout)

@@ -1,9 +1,9 @@
-"""The healthcheck's decision, as pure steps: log facts (logscan.Scan) -> counts -> phase.
+"""The healthcheck's judgement, as pure steps: what a probe observed (verdict.Observation: the log's facts, the
+state files, the process, /health) -> counts -> phase -> the Verdict. `judge` is the one call; the steps are
+testable alone.
 
-No I/O here: the probe (healthcheck/probe.py) reads the log, the state files, /proc and /health and
-passes what it read in. Each step is a function of its arguments, testable alone.
-
-Phases: starting, loading, capturing, warming_up, verifying, ready, draining, failed.
+No I/O here: the probe (healthcheck/probe.py) reads the log, the state files, /proc and /health and passes what it
+read in. The phases are healthcheck/verdict.py's `Phase`.
 """
 
 from __future__ import annotations
@@ -11,10 +11,70 @@ from __future__ import annotations
 from typing import Any
 
 from healthcheck.logscan import Scan
+from healthcheck.verdict import Counts, Observation, Phase, Verdict
 
 DECODE_DONE = ("decode_end", "decode_end_legacy")
 DECODE_STARTED = ("decode_begin", "decode_list_legacy", "decode_frame")
 PREFILL_STARTED = ("prefill_begin", "prefill_begin_legacy", "prefill_list_legacy", "prefill_frame")
+
+
+def judge(obs: Observation) -> Verdict:
+    """The verdict on the observed start: the log's phase (decide), then the correctness gate over it (gated, not
+    for a saved log alone), then a failure the entrypoint recorded over everything (recorded)."""
+    out = decide(
+        obs.scan,
+        obs.expected,
+        obs.alive,
+        obs.accept_partial,
+        obs.http,
+        obs.quiet,
+        obs.stall_seconds,
+        obs.stopped,
+    )
+    if not obs.offline:
+        out = recorded(gated(out, obs.verify, obs.verified), obs.failed, obs.on_failure)
+    return Verdict(
+        phase=Phase(out["phase"]),
+        reason=out["reason"],
+        start=out["start"],
+        started_at=out["started_at"],
+        ready_at=obs.scan.ready_at,
+        captured=Counts(out["decode_captured"], out["prefill_captured"]),
+        expected=Counts(*obs.expected),
+        ready_line=out["ready_line"],
+        http=obs.http,
+        server_alive=obs.alive,
+        capacity=obs.scan.capacity,
+        failure_kind=out["failure_kind"],
+        hung=bool(out.get("hung")),
+        failed_code=out.get("failed_code"),
+        verify=out.get("verify"),
+        verification=out.get("verification"),
+        doctor_warnings=obs.doctor_warnings,
+        log=obs.log,
+        log_quiet_seconds=None if obs.quiet is None else round(obs.quiet, 1),
+    )
+
+
+def recorded(
+    result: dict[str, Any], failed: dict[str, Any] | None, on_failure: str = "wait"
+) -> dict[str, Any]:
+    """A failure the entrypoint recorded (failed.json) decides: it gave up, and waits or exits, showing why."""
+    if failed is None:
+        return result
+    then = (
+        "the container exits with it (GLM5_ON_FAILURE=exit)"
+        if on_failure == "exit"
+        else "the container waits: fix it, then `docker compose up -d glm5` (it re-reads glm5.env; `restart` does "
+        "not) or delete the pod"
+    )
+    return result | {
+        "phase": Phase.FAILED,
+        "reason": f"{failed.get('reason')} (exit code {failed.get('code')}; {then})",
+        "failed_code": failed.get("code"),
+        "failure_kind": "recorded",
+        "hung": False,  # a recorded failure waits for a fix: not the hang of an old log a restart would clear
+    }
 
 
 def decode_done(scan: Scan) -> bool:
@@ -121,7 +181,7 @@ def decide(
     processes killed or gone after the stop are the stop's doing, not a failure."""
     decode_captured, prefill_captured = captured_counts(scan)
     out: dict[str, Any] = {
-        "phase": "starting",
+        "phase": Phase.STARTING,
         "reason": None,
         "decode_captured": decode_captured,
         "decode_expected": expected[0],
@@ -138,10 +198,10 @@ def decide(
     if scan.failure and not (stopped and scan.failure_event == "killed"):
         # An exception whose cause is out of memory is that, whichever line reported it.
         kind = "oom" if "out of memory" in scan.failure else scan.failure_event
-        return out | {"phase": "failed", "reason": explain_failure(scan), "failure_kind": kind}
+        return out | {"phase": Phase.FAILED, "reason": explain_failure(scan), "failure_kind": kind}
     if alive is False and not stopped:
         return out | {
-            "phase": "failed",
+            "phase": Phase.FAILED,
             "failure_kind": "exited",
             "reason": f"the server process of start #{scan.start} exited (see the log above it)",
         }
@@ -149,7 +209,7 @@ def decide(
     if done and expected[0] is not None and decode_captured is not None and decode_captured < expected[0]:
         if not accept_partial:
             return out | {
-                "phase": "failed",
+                "phase": Phase.FAILED,
                 "failure_kind": "decode_short",
                 "reason": (
                     f"decode CUDA graphs: captured {decode_captured} batch sizes, expected {expected[0]}; the performance "
@@ -166,7 +226,7 @@ def decide(
         and not accept_partial
     ):
         return out | {
-            "phase": "failed",
+            "phase": Phase.FAILED,
             "failure_kind": "prefill_short",
             "reason": (
                 f"prefill CUDA graphs: captured {prefill_captured} token shapes, expected {expected[1]}; check "
@@ -178,7 +238,7 @@ def decide(
         if not done:
             if expected[0] is not None and not accept_partial:
                 return out | {
-                    "phase": "failed",
+                    "phase": Phase.FAILED,
                     "failure_kind": "no_decode_capture",
                     "reason": f"the server became ready without a decode CUDA graph capture in the log (expected "
                     f"{expected[0]} batch sizes): decode runs without graphs",
@@ -187,23 +247,23 @@ def decide(
         # Stopped: out of every rotation now, finishing what it has (GLM5_DRAIN_SECONDS).
         if "draining" in scan.seen or stopped:
             return out | {
-                "phase": "draining",
+                "phase": Phase.DRAINING,
                 "reason": stop_reason(stopped, "finishing the requests in flight; no new ones"),
             }
         if http is None or http == 200:
-            return out | {"phase": "ready"}
-        return out | {"phase": "ready", "reason": f"/health answered {http}: not serving now"}
+            return out | {"phase": Phase.READY}
+        return out | {"phase": Phase.READY, "reason": f"/health answered {http}: not serving now"}
     if capture_open(scan) or between_captures(scan):
-        out["phase"] = "capturing"
+        out["phase"] = Phase.CAPTURING
     elif done:
-        out["phase"] = "warming_up"
+        out["phase"] = Phase.WARMING_UP
     elif "load_begin" in scan.seen or "load_end" in scan.seen:
-        out["phase"] = "loading"
+        out["phase"] = Phase.LOADING
     if stopped:
         out["reason"] = stop_reason(stopped, "the start ends here")
     if quiet is not None and stall_seconds is not None and quiet > stall_seconds:
         return out | {
-            "phase": "failed",
+            "phase": Phase.FAILED,
             "hung": True,  # the one failure of a start that a restart can clear (liveness acts on it)
             "failure_kind": "hung",
             "reason": f"no server log output for {quiet:.0f} s while {out['phase']} (GLM5_STALL_SECONDS="
@@ -248,14 +308,14 @@ def gated(result: dict[str, Any], mode: str, verified: dict[str, Any] | None) ->
     out = result | {"verify": mode, "verification": found}
     if (
         mode == "off"
-        or result["phase"] != "ready"
+        or result["phase"] != Phase.READY
         or result["http"] not in (None, 200)
         or result["start"] is None
     ):
         return out  # (no start marker: a log not of this kit's starts, nothing verified it)
     if found is None:
         return out | {
-            "phase": "verifying",
+            "phase": Phase.VERIFYING,
             "reason": "the server is up; answering the verification set (verify/) before it counts as ready",
         }
     if found["passed"]:
@@ -264,7 +324,7 @@ def gated(result: dict[str, Any], mode: str, verified: dict[str, Any] | None) ->
     if mode == "report":
         return out | {"reason": f"verification FAILED, serving anyway (GLM5_VERIFY=report): {wrong}"}
     return out | {
-        "phase": "failed",
+        "phase": Phase.FAILED,
         "failure_kind": "wrong_answers",
         "hung": False,
         "reason": f"verification failed, the server answers wrongly: {wrong} (verified.json lists every item; "
@@ -306,7 +366,7 @@ def status_line(result: dict[str, Any], seconds_since_start: int | None) -> str:
         if seconds_since_start is not None
         else ""
     )
-    if phase == "capturing":
+    if phase == Phase.CAPTURING:
         if result["decode_captured"] is not None:
             what = f"capturing decode graphs {result['decode_captured']}/{result['decode_expected'] or '?'}"
         elif (
@@ -316,24 +376,24 @@ def status_line(result: dict[str, Any], seconds_since_start: int | None) -> str:
             what = f"capturing: prefill graphs {result['prefill_captured']}/{result['prefill_expected']} done, decode graphs next"
         else:
             what = f"capturing prefill graphs {result['prefill_captured'] or 0}/{result['prefill_expected'] or '?'}"
-    elif phase == "failed":
+    elif phase == Phase.FAILED:
         what = f"failed: {result['reason']}"
-    elif phase == "warming_up":
+    elif phase == Phase.WARMING_UP:
         what = f"warming up (graphs done: decode {result['decode_captured']}/{result['decode_expected']})"
         what += f", {result['reason']}" if result["reason"] else ""
-    elif phase == "ready":
+    elif phase == Phase.READY:
         what = f"ready (decode {result['decode_captured']}/{result['decode_expected']}, prefill {result['prefill_captured']}/{result['prefill_expected']})"
         if (found := result.get("verification")) is not None and found["passed"]:
             what += f", verified {found['right']}/{found['items']}"
         if (room := result.get("capacity")) is not None:
             what += f", {room['max_total_num_tokens']:.0f} KV tokens, {room['max_running_requests']:.0f} running requests at most"
         what += f", {result['reason']}" if result["reason"] else ""
-    elif phase == "verifying":
+    elif phase == Phase.VERIFYING:
         what = f"verifying (graphs done: decode {result['decode_captured']}/{result['decode_expected']}; the "
         what += "verification set runs before it counts as ready)"
-    elif phase == "draining":
+    elif phase == Phase.DRAINING:
         what = "draining: stopped, finishing the requests in flight (readiness fails, so no new ones come)"
-    elif phase == "loading":
+    elif phase == Phase.LOADING:
         what = "loading weights"
     else:
         what = "starting (no progress in the log yet)"

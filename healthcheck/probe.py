@@ -8,12 +8,13 @@ counts and /health answers 200; otherwise says which phase the start is in.
     healthcheck/healthcheck --json            the state as one JSON object
     healthcheck/healthcheck --log FILE --no-http --json    judge a saved log alone
 
-Phases: starting, loading, capturing, warming_up, verifying, ready, draining, failed. Exit 0 when ready (verified)
-and /health 200 (with --live:
+Phases: healthcheck/verdict.py's Phase. Exit 0 when ready (verified) and /health 200 (with --live:
 unless the start is hung or a ready server's /health fails; with --started: once ready or failed), 1 otherwise,
 2 bad usage, 3 an invalid GLM5_* setting.
 
-This module is the I/O edge (log tail, state files, /proc, /health); the decision is healthcheck/phase.py.
+This module is the I/O edge: `observe` reads the log tail, the state files, /proc and /health and writes nothing;
+healthcheck/phase.py `judge` decides (pure); `verdict(settings(environ))` is the one call of the exporter, the
+stall watchdog, the gate and the support bundle. `remember` is the one writer of capture.json (the watchdog's tick).
 It runs on every probe, so it imports little: no glm5.toml while the current start's launch.json exists.
 """
 
@@ -27,11 +28,12 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from common.report import INVALID_SETTING, Log, Problems
 from configuration import state
 from healthcheck import logscan, phase
+from healthcheck.verdict import Counts, Observation, Phase, Verdict
 
 
 def settings_of_this_run(environ: dict[str, str] | os._Environ[str]) -> dict[str, Any]:
@@ -41,13 +43,15 @@ def settings_of_this_run(environ: dict[str, str] | os._Environ[str]) -> dict[str
     launch = state.read_launch(state_dir) if state_dir.startswith("/") else None
     keys = ("log_dir", "port", "health_timeout_seconds", "accept_partial_capture", "stall_seconds", "verify")
     if launch is not None and all(k in launch for k in keys):
-        return {"state_dir": state_dir} | {k: launch[k] for k in keys}
+        return {"state_dir": state_dir, "on_failure": launch.get("on_failure", "wait")} | {
+            k: launch[k] for k in keys
+        }
     # Before the first start (or offline): glm5.toml and the environment, an invalid setting at its default as
     # supervisord runs it, so that a failure recorded under an invalid setting is found where it was written.
     values, problems = state.supervised(environ, create=False)
     for problem in problems:  # named, not fatal: preflight records it as the start's failure (failed.json)
         Log("healthcheck").warning(f"{problem}; judged with glm5.toml's value meanwhile")
-    return {k: values[k] for k in ("state_dir", *keys)}
+    return {k: values[k] for k in ("state_dir", "on_failure", *keys)}
 
 
 def configured_counts(environ: dict[str, str] | os._Environ[str]) -> tuple[int | None, int | None]:
@@ -146,61 +150,98 @@ def parse_args(argv: list[str] | None, run: dict[str, Any]) -> argparse.Namespac
         parser.error(
             f"--timeout {args.timeout}: /health sleeps 1 s and then generates a token; use 3 s or more"
         )
-    args.log_path = args.log or Path(run["log_dir"]) / state.SERVER_LOG
     return args
 
 
-def probe(args: argparse.Namespace) -> dict[str, Any]:
-    """Read what the decision needs, in order, and decide. Reads only: capture.json has one writer (remember)."""
+class Probe(NamedTuple):
+    """What one probe reads and how: the run's settings (its launch.json) and the CLI's flags over them."""
+
+    log_path: Path
+    state_dir: Path
+    offline: bool  # a saved log alone (--log): no state file is read
+    url: str | None  # /health's server; None: no HTTP (the log alone)
+    timeout: float
+    stall_seconds: float
+    verify: str
+    accept_partial: bool
+    on_failure: str = "wait"
+    expect_decode: int | None = None
+    tail_bytes: int = logscan.TAIL_BYTES
+
+
+def settings(environ: Mapping[str, str]) -> Probe:
+    """The log-only probe with the current run's settings (read anew: each start has its launch.json), as the
+    exporter runs it on a scrape, the stall watchdog on a tick, the gate and the support bundle."""
+    run = settings_of_this_run(dict(environ))
+    return Probe(
+        log_path=Path(run["log_dir"]) / state.SERVER_LOG,
+        state_dir=Path(run["state_dir"]),
+        offline=False,
+        url=None,
+        timeout=float(run["health_timeout_seconds"]),
+        stall_seconds=float(run["stall_seconds"]),
+        verify=run["verify"],
+        accept_partial=bool(run["accept_partial_capture"]),
+        on_failure=run["on_failure"],
+    )
+
+
+def from_args(args: argparse.Namespace, run: dict[str, Any]) -> Probe:
+    return Probe(
+        log_path=args.log or Path(run["log_dir"]) / state.SERVER_LOG,
+        state_dir=args.state.parent,
+        offline=args.log is not None,
+        url=None if args.no_http else args.url,
+        timeout=args.timeout,
+        stall_seconds=args.stall_seconds,
+        verify=args.verify,
+        accept_partial=args.accept_partial,
+        on_failure=run["on_failure"],
+        expect_decode=args.expect_decode,
+        tail_bytes=args.tail_bytes,
+    )
+
+
+def observe(p: Probe) -> Observation:
+    """Read everything the judgement needs, in order; write nothing (capture.json has one writer: remember)."""
     try:
-        data = logscan.read_tail(args.log_path, args.tail_bytes)
+        data = logscan.read_tail(p.log_path, p.tail_bytes)
     except FileNotFoundError:
         data = b""
     scan = logscan.scan(data)
-    offline = args.log is not None
-    launch = None if offline else state.read_json(args.state)
-    stopped = None
-    if not offline:
-        state_dir = args.state.parent
-        scan = phase.merged(scan, launch, state.read_capture(state_dir))
-        stopped = state.current(state.read_stopped(state_dir), scan.start)
+    launch = None if p.offline else state.read_launch(p.state_dir)
+    if not p.offline:
+        scan = phase.merged(scan, launch, state.read_capture(p.state_dir))
     current = state.current(launch, scan.start)
     need_config = current is None and not (scan.decode_list and scan.prefill_list)
     expected = phase.expected_counts(scan, current, configured_counts(os.environ) if need_config else None)
-    if args.expect_decode is not None:
-        expected = (args.expect_decode, expected[1])
-    alive = pid_alive(int(current["pid"])) if current and current.get("pid") else None
+    if p.expect_decode is not None:
+        expected = (p.expect_decode, expected[1])
     http = None
-    if phase.log_says_ready(scan) and not args.no_http:
-        http = http_status(args.url, "/health", args.timeout)
-    quiet = None if offline or not data else log_quiet_seconds(args.log_path)
-    result = phase.decide(
-        scan, expected, alive, args.accept_partial, http, quiet, args.stall_seconds, stopped
+    if p.url is not None and phase.log_says_ready(scan):
+        http = http_status(p.url, "/health", p.timeout)
+    warnings = (current or {}).get("doctor_warnings") or []
+    return Observation(
+        scan=scan,
+        expected=Counts(*expected),
+        alive=pid_alive(int(current["pid"])) if current and current.get("pid") else None,
+        http=http,
+        quiet=None if p.offline or not data else log_quiet_seconds(p.log_path),
+        stall_seconds=p.stall_seconds,
+        accept_partial=p.accept_partial,
+        verify=p.verify,
+        offline=p.offline,
+        stopped=None if p.offline else state.current(state.read_stopped(p.state_dir), scan.start),
+        verified=None if p.offline else state.read_verified(p.state_dir),
+        failed=None if p.offline else state.read_failed(p.state_dir),
+        doctor_warnings=tuple(f"{w['name']}: {w['detail']}" for w in warnings),
+        log=str(p.log_path),
+        on_failure=p.on_failure,
     )
-    if not offline:  # a saved log alone has no verification to read
-        result = phase.gated(result, args.verify, state.read_verified(args.state.parent))
-    recorded = None if offline else state.read_failed(args.state.parent)
-    if recorded is not None:  # the entrypoint gave up and waits, showing why
-        result |= {
-            "phase": "failed",
-            "reason": f"{recorded.get('reason')} (exit code {recorded.get('code')}; the container waits: fix it, then restart it)",
-            "failed_code": recorded.get("code"),
-            "failure_kind": "recorded",
-            "hung": False,  # a recorded failure waits for a fix: not the hang of an old log a restart would clear
-        }
-    if current is not None and current.get("doctor_warnings"):
-        result["doctor_warnings"] = [f"{w['name']}: {w['detail']}" for w in current["doctor_warnings"]]
-    result["log"] = str(args.log_path)
-    result["log_quiet_seconds"] = None if quiet is None else round(quiet, 1)
-    result["ready_at"] = scan.ready_at
-    return result
 
 
-def from_the_log(environ: Mapping[str, str]) -> tuple[argparse.Namespace, dict[str, Any]]:
-    """The probe without HTTP, with the settings of the current run (read anew: each start has its launch.json), as
-    the exporter runs it on a scrape, the stall watchdog on a tick and the support bundle once: its args and result."""
-    args = parse_args(["--no-http"], settings_of_this_run(dict(environ)))
-    return args, probe(args)
+def verdict(p: Probe) -> Verdict:
+    return phase.judge(observe(p))
 
 
 def remember(state_dir: str) -> bool:
@@ -236,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
         Log("healthcheck").problems(err.problems, "invalid setting(s)")
         return INVALID_SETTING
     args = parse_args(argv, run)
-    result = probe(args)
+    found = verdict(from_args(args, run))
+    result = found.as_json()
     if args.json:
         print(json.dumps(result))
     if args.status or not args.json:
@@ -245,20 +287,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.started:
         # Kubernetes' startup probe: done once ready, and also once failed, so that liveness judges a hang
         # (restart) and a recorded failure (wait) instead of the startup budget restarting either blindly.
-        return (
-            0
-            if result["phase"] == "failed" or (result["phase"] == "ready" and result["http"] in (None, 200))
-            else 1
-        )
+        return 0 if found.phase is Phase.FAILED or found.serving else 1
     if args.live:
         # Alive: not failed (a hang while starting is failed), and once ready /health answers; Kubernetes
         # counts liveness_failures of these in a row before it restarts the container.
         # Only what a restart can clear fails it: a hung start, or a ready server whose /health fails (a stuck
         # scheduler). Any other failure (a recorded one, a short capture) would only reload the weights for nothing.
-        return 1 if result.get("hung") or result["http"] not in (None, 200) else 0
+        return 1 if found.hung or found.http not in (None, 200) else 0
     # Ready to serve: the log says ready and /health answers 200 (a 503 after the ready line: draining, or
     # latched unhealthy by a /health that timed out; the phase stays ready, this probe fails).
-    return 0 if result["phase"] == "ready" and result["http"] in (None, 200) else 1
+    return 0 if found.serving else 1
 
 
 if __name__ == "__main__":

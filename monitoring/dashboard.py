@@ -24,6 +24,8 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models.common import BigValueTextMode
 from grafana_foundation_sdk.models.dashboard import DataSourceRef, GridPos
 
+from healthcheck.verdict import Phase
+
 UID = "glm5-serve"
 JSON_FILE = Path(__file__).resolve().parent / "grafana" / "dashboards" / "glm5.json"
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
@@ -55,7 +57,7 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
         "Start",
         (
             Panel("Phase", "none", (("glm5_start_phase == 1", "{{instance}}: {{phase}}"),), "stat", 6,
-                  "The healthcheck's phase of the current start (starting, loading, capturing, warming_up, verifying, ready, draining, failed)."),
+                  f"The healthcheck's phase of the current start ({', '.join(Phase)})."),
             Panel(
                 "CUDA graphs captured",
                 "percentunit",

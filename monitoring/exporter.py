@@ -32,12 +32,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
-from common.report import FAILED, FAILURE_CODE, INVALID_SETTING, USAGE, Log, Problems
+from common.report import INVALID_SETTING, USAGE, Log, Problems
 from configuration import state
 from healthcheck import probe
+from healthcheck.verdict import Phase, Verdict
 
 LOG = Log("monitoring/exporter")
-PHASES = ("starting", "loading", "capturing", "warming_up", "verifying", "ready", "draining", "failed")
 GRAPHS = ("decode", "prefill")
 # Every metric this exporter can expose (tests/test_monitoring.py holds the dashboard and the alerts to these).
 NAMES = (
@@ -93,26 +93,16 @@ def local_epoch(stamp: str | None) -> float | None:
         return None
 
 
-def failure_code(result: Mapping[str, Any]) -> int:
-    """0 while nothing failed; the exit code a recorded failure carries; else the code of what the log shows."""
-    if result["phase"] != "failed":
-        return 0
-    if result.get("failed_code") is not None:
-        return int(result["failed_code"])
-    if result.get("failure_kind") == "recorded":  # failed.json without a code: a failure all the same
-        return FAILED
-    return FAILURE_CODE.get(str(result.get("failure_kind")), FAILURE_CODE["traceback"])
-
-
-def metrics(result: Mapping[str, Any], stall_seconds: float, now: float) -> Iterator[Metric]:
-    """The families for one probe result (healthcheck/probe.py's JSON object)."""
+def metrics(v: Verdict, stall_seconds: float, now: float) -> Iterator[Metric]:
+    """The families for one verdict (healthcheck/verdict.py)."""
+    result = v.as_json()
     phase = GaugeMetricFamily(
         "glm5_start_phase",
         "The current start's phase: 1 for the one it is in (healthcheck phases)",
         labels=["phase"],
     )
-    for name in PHASES:
-        phase.add_metric([name], 1.0 if result["phase"] == name else 0.0)
+    for name in Phase:
+        phase.add_metric([name], 1.0 if v.phase is name else 0.0)
     yield phase
     for kind, doc in (
         ("captured", "CUDA graphs captured so far"),
@@ -134,7 +124,7 @@ def metrics(result: Mapping[str, Any], stall_seconds: float, now: float) -> Iter
         yield starts
     started = epoch(result.get("started_at"))
     ready = local_epoch(result.get("ready_at"))
-    over = result["phase"] in ("ready", "failed") and not result.get("hung")
+    over = v.phase in (Phase.READY, Phase.FAILED) and not v.hung
     quiet = result.get("log_quiet_seconds")
     families = (
         gauge("glm5_start_timestamp_seconds", "When the current start began (Unix seconds)", started),
@@ -151,7 +141,7 @@ def metrics(result: Mapping[str, Any], stall_seconds: float, now: float) -> Iter
         gauge(
             "glm5_start_failure_code",
             "0, or what failed: an exit code or a FAILURE_KINDS code (docs/reference.md: Failure codes)",
-            failure_code(result),
+            v.failure_code,
         ),
         gauge(
             "glm5_start_hung",
@@ -241,8 +231,8 @@ def verification(found: Mapping[str, Any] | None) -> Iterator[Metric]:
     yield each
 
 
-# What a probe may raise on a state or log it cannot read (SystemExit: argparse): the scrape and /ready say so.
-PROBE_ERRORS = (OSError, ValueError, KeyError, TypeError, Problems, SystemExit)
+# What a probe may raise on a state or log it cannot read: the scrape and /ready say so.
+PROBE_ERRORS = (OSError, ValueError, KeyError, TypeError, Problems)
 
 
 class StartCollector(Collector):
@@ -254,8 +244,8 @@ class StartCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         try:
-            args, result = probe.from_the_log(self.environ)
-            yield from metrics(result, args.stall_seconds, time.time())
+            settings = probe.settings(self.environ)
+            yield from metrics(probe.verdict(settings), settings.stall_seconds, time.time())
         except PROBE_ERRORS as err:
             self.errors += 1
             LOG.error(f"probe failed: {err}")
@@ -272,10 +262,11 @@ READY_KEYS = ("phase", "reason", "start", "failure_kind", "verification", "capac
 def readiness(environ: Mapping[str, str]) -> tuple[int, dict[str, Any]]:
     """The kit's readiness without HTTP to the server (a probe's log tail, its state files): 200 when ready."""
     try:
-        _args, result = probe.from_the_log(environ)
+        found = probe.verdict(probe.settings(environ))
     except PROBE_ERRORS as err:
         return 503, {"phase": "unknown", "reason": f"probe failed: {err}"}
-    return (200 if result["phase"] == "ready" else 503), {k: result.get(k) for k in READY_KEYS}
+    result = found.as_json()
+    return (200 if found.phase is Phase.READY else 503), {k: result.get(k) for k in READY_KEYS}
 
 
 def app(environ: Mapping[str, str], reg: CollectorRegistry) -> Callable[..., Iterable[bytes]]:

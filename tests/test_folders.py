@@ -18,6 +18,8 @@ from common.report import INVALID_SETTING
 from configuration import settings, state
 from conftest import ROOT, appeared, image_folders, kit_env
 from entrypoint import lifecycle
+from healthcheck import logscan, phase
+from healthcheck.verdict import Counts, Observation
 from helpers.sandbox import NEEDS_BWRAP, sandbox, with_image_folders
 from helpers.unprivileged import reachable_copy
 
@@ -223,8 +225,13 @@ def test_a_state_folder_too_long_for_supervisords_socket_is_named(tmp_path: Path
 
 
 def test_the_watchdog_restarts_a_running_server_only_when_its_start_is_hung() -> None:
-    hung = {"hung": True, "reason": "no server log output for 1900 s while loading"}
-    progressing = {"hung": False, "reason": "loading"}
+    judged = phase.judge(
+        Observation(
+            logscan.Scan(), Counts(52, 58), None, None, None, None, accept_partial=False, verify="off"
+        )
+    )
+    hung = judged._replace(hung=True, reason="no server log output for 1900 s while loading")
+    progressing = judged._replace(hung=False, reason="loading")
     for statename, found, calls in (
         ("RUNNING", progressing, []),
         ("STARTING", hung, ["stop sglang", "start sglang"]),

@@ -5,6 +5,7 @@ stop recorded by launch --serve (stopped.json) reads draining at once. Pure step
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 import urllib.error
@@ -18,7 +19,9 @@ from configuration import state
 from configuration.state import MARKER_TEXT
 from conftest import ROOT, healthcheck_json
 from healthcheck import logscan, phase
+from healthcheck.verdict import Counts, Observation, Phase
 from helpers.container import Container, start
+from monitoring import exporter
 
 LOGS = ROOT / "tests" / "fixtures" / "logs"
 START = 4
@@ -231,3 +234,50 @@ def test_a_stuck_replica_past_the_window_fails_the_healthcheck_not_the_exporters
         time.sleep(1)
     assert (found[1]["phase"], found[1]["http"]) == ("ready", 503), found
     assert found[1]["decode_captured"] == 52  # judged as the remembered start, not a foreign log
+
+
+# One vocabulary: healthcheck/verdict.py's Phase is the one declaration; every other place that names phases is made
+# from it or held to it here.
+
+PHASE_LABEL = re.compile(r'phase="(\w+)"')
+
+
+def test_the_exporter_offers_every_phase_and_no_other() -> None:
+    judged = phase.judge(
+        Observation(
+            logscan.Scan(), Counts(52, 58), None, None, None, None, accept_partial=False, verify="off"
+        )
+    )
+    (family,) = [f for f in exporter.metrics(judged, 1800, 0) if f.name == "glm5_start_phase"]
+    assert [s.labels["phase"] for s in family.samples] == [str(p) for p in Phase]
+
+
+def test_every_phase_the_judgement_returns_is_declared() -> None:
+    """Every phase decide, gated and recorded can set is a Phase member (a bare string would not be)."""
+    source = (ROOT / "healthcheck" / "phase.py").read_text()
+    assert not re.search(r'"phase": "', source) and not re.search(r'\["phase"\] = "', source)
+    assert {str(p) for p in Phase} == {"starting", "loading", "capturing", "warming_up", "verifying", "ready",
+                                       "draining", "failed"}  # fmt: skip
+
+
+def test_the_readme_dashboard_and_alerts_name_the_declared_phases() -> None:
+    readme = (ROOT / "README.md").read_text()
+    table = readme.split("<!-- ci/render: phases -->", 1)[1].split("<!-- ci/render: end phases -->", 1)[0]
+    assert re.findall(r"^\| `(\w+)` \|", table, re.M) == [str(p) for p in Phase]
+    dashboard = json.loads((ROOT / "monitoring" / "grafana" / "dashboards" / "glm5.json").read_text())
+    texts = [p.get("description", "") for p in dashboard["panels"] if "glm5_start_phase" in json.dumps(p)]
+    assert texts and all(all(str(p) in t for p in Phase) for t in texts), texts
+    for rules in ("monitoring/prometheus/alerts.yml", "k8s/components/monitoring/prometheusrule.yaml"):
+        named = set(PHASE_LABEL.findall((ROOT / rules).read_text()))
+        assert named and named <= {str(p) for p in Phase}, (rules, named - {str(p) for p in Phase})
+
+
+def test_the_docstrings_point_at_the_declaration_instead_of_listing_phases() -> None:
+    listing = re.compile(r"starting, loading, capturing")
+    for module in (
+        "healthcheck/phase.py",
+        "healthcheck/probe.py",
+        "monitoring/exporter.py",
+        "monitoring/dashboard.py",
+    ):
+        assert not listing.search((ROOT / module).read_text()), module

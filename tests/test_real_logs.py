@@ -10,18 +10,22 @@ import pytest
 
 from configuration import state
 from conftest import ROOT
-from healthcheck import logscan, phase
+from healthcheck import logscan, phase, verdict
 
 CORPUS = ROOT / "tests" / "fixtures" / "logs" / "real"
 EXCERPTS: list[dict[str, Any]] = tomllib.loads((CORPUS / "sources.toml").read_text())["excerpt"]
-ON_THE_WAY = ("starting", "loading", "capturing", "warming_up")
+ON_THE_WAY = verdict.ON_THE_WAY
 
 
 def judge(data: bytes) -> dict[str, Any]:
     """The phase from the log alone, as `healthcheck --log FILE --no-http` on a foreign log: no launch.json,
     no configured counts, the process unknown."""
     scan = logscan.scan(data)
-    return phase.decide(scan, phase.expected_counts(scan, None, None), None, False, None)
+    expected = verdict.Counts(*phase.expected_counts(scan, None, None))
+    seen = verdict.Observation(
+        scan, expected, None, None, None, None, accept_partial=False, verify="off", offline=True
+    )
+    return phase.judge(seen).as_json()
 
 
 def text_of(excerpt: dict[str, Any]) -> bytes:

@@ -25,6 +25,7 @@ from typing import Any
 from common.report import FAILED, INVALID_SETTING, NEVER_READY, OK, Log, Problems
 from configuration import config, state
 from healthcheck import probe
+from healthcheck.verdict import Phase
 from verify import run
 
 LOG = Log("verify")
@@ -90,12 +91,13 @@ def verify(values: Mapping[str, Any], start: int, ask: run.Ask) -> dict[str, Any
 def awaiting(environ: Mapping[str, str], port: int) -> int | None:
     """The start to verify now: one the healthcheck holds at verifying (up after its warm-up, its own verification
     not yet there) whose /health answers 200, else None."""
-    args, result = probe.from_the_log(environ)
-    if result["phase"] != "verifying":
+    settings = probe.settings(environ)
+    found = probe.verdict(settings)
+    if found.phase is not Phase.VERIFYING:
         return None
     return (
-        result["start"]
-        if probe.http_status(f"http://127.0.0.1:{port}", "/health", args.timeout) == 200
+        found.start
+        if probe.http_status(f"http://127.0.0.1:{port}", "/health", settings.timeout) == 200
         else None
     )
 

@@ -1,0 +1,163 @@
+"""The start's verdict, the one contract between the server log and everything that acts on a start: its phases
+(declared here once; the README's table, the exporter's labels, the dashboard and the alert rules are rendered
+from or checked against `Phase`), what a probe observes (`Observation`) and what is decided (`Verdict`).
+
+healthcheck/probe.py observes (reads only) and healthcheck/phase.py judges (a pure function of an Observation).
+The healthcheck CLI, the exporter, the stall watchdog, the gate and the support bundle take a Verdict; ci/readiness
+reads its JSON through the CLI (`healthcheck --json`), the gateway's rotation through the exporter's /ready.
+Stdlib types already loaded by every probe (enum, typing): a probe runs as `python3 -S` on every Docker and
+Kubernetes check, so no dataclasses here (its import alone costs a probe about 10 ms).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, NamedTuple
+
+from common.report import FAILED, FAILURE_CODE
+from healthcheck.logscan import Scan
+
+
+class Phase(StrEnum):
+    """Where a start is. The values are the strings of the JSON, the metrics' labels and the exporter's /ready."""
+
+    STARTING = "starting"
+    LOADING = "loading"
+    CAPTURING = "capturing"
+    WARMING_UP = "warming_up"
+    VERIFYING = "verifying"
+    READY = "ready"
+    DRAINING = "draining"
+    FAILED = "failed"
+
+    @property
+    def meaning(self) -> str:
+        return MEANING[self][0]
+
+    @property
+    def typical(self) -> str:
+        """How long it typically lasts on the target box (README: Reading the start)."""
+        return MEANING[self][1]
+
+
+# (what is happening, typical time on 8x RTX PRO 6000): the README's phase table is rendered from this (ci/render).
+MEANING: dict[Phase, tuple[str, str]] = {
+    Phase.STARTING: ("preflight passed, the server is importing and setting up NCCL", "< 1 min"),
+    Phase.LOADING: ("~57 GB of weights per GPU", "1 min warm, far longer from a cold disk"),
+    Phase.CAPTURING: ("58 prefill graphs, then 52 decode batch sizes (512 down to 1), with counts", "~4 min"),
+    Phase.WARMING_UP: ("capture done; `/health` answers 503 until the warm-up request returns", "< 1 min"),
+    Phase.VERIFYING: (
+        "the server is up; it answers the verification set before it counts as ready (below)",
+        "~30 s, at most ~70 s",
+    ),
+    Phase.READY: (
+        "the ready line after a capture with the expected counts, the start verified; healthy while `/health` "
+        "answers 200",
+        "",
+    ),
+    Phase.DRAINING: (
+        "stopped (SIGTERM, recorded by the kit or logged by SGLang): finishing the requests in flight, taking no new "
+        "ones; out of every rotation",
+        "up to `GLM5_DRAIN_SECONDS`",
+    ),
+    Phase.FAILED: (
+        "a traceback, out of memory, an exited server, fewer graphs than configured, a hang, or wrong answers, with "
+        "the reason",
+        "",
+    ),
+}
+ON_THE_WAY = (Phase.STARTING, Phase.LOADING, Phase.CAPTURING, Phase.WARMING_UP)  # a start not over yet
+
+
+class Counts(NamedTuple):
+    """CUDA graphs, decode batch sizes and prefill token shapes (None: not known)."""
+
+    decode: int | None
+    prefill: int | None
+
+
+class Observation(NamedTuple):
+    """Everything the judgement reads, as read by one probe (healthcheck/probe.py observe)."""
+
+    scan: Scan  # the log's facts, merged with what was kept of the current start (phase.merged)
+    expected: Counts  # graphs the current start asks for
+    alive: bool | None  # its server process lives (None: unknown)
+    http: int | str | None  # what /health answered (None: not asked)
+    quiet: float | None  # seconds since the log last grew (None: unknown)
+    stall_seconds: float | None  # GLM5_STALL_SECONDS
+    accept_partial: bool  # GLM5_ACCEPT_PARTIAL_CAPTURE
+    verify: str  # GLM5_VERIFY: enforce, report or off
+    offline: bool = False  # a saved log alone (`--log`): no state files were read
+    stopped: dict[str, Any] | None = None  # the current start's stopped.json
+    verified: dict[str, Any] | None = None  # verified.json (any start's: the judgement matches it)
+    failed: dict[str, Any] | None = None  # failed.json: a failure the entrypoint recorded
+    doctor_warnings: tuple[str, ...] = ()
+    log: str = ""
+    on_failure: str = "wait"  # GLM5_ON_FAILURE: what the container does with a recorded failure
+
+
+class Verdict(NamedTuple):
+    """What is decided of a start. `as_json()` is the healthcheck's `--json` object (its keys are a contract)."""
+
+    phase: Phase
+    reason: str | None
+    start: int | None
+    started_at: str | None
+    ready_at: str | None
+    captured: Counts
+    expected: Counts
+    ready_line: bool
+    http: int | str | None
+    server_alive: bool | None
+    capacity: dict[str, float] | None
+    failure_kind: str | None  # a key of common.report.FAILURE_KINDS, or "recorded"
+    hung: bool
+    failed_code: int | None  # the exit code of a recorded failure
+    verify: str | None
+    verification: dict[str, Any] | None
+    doctor_warnings: tuple[str, ...]
+    log: str
+    log_quiet_seconds: float | None
+
+    @property
+    def failure_code(self) -> int:
+        """0 while nothing failed; the exit code a recorded failure carries; else the code of what the log shows."""
+        if self.phase is not Phase.FAILED:
+            return 0
+        if self.failed_code is not None:
+            return int(self.failed_code)
+        if self.failure_kind == "recorded":  # failed.json without a code: a failure all the same
+            return FAILED
+        return FAILURE_CODE.get(str(self.failure_kind), FAILURE_CODE["traceback"])
+
+    @property
+    def serving(self) -> bool:
+        """Ready by the healthcheck's rule (verified, not draining) and /health 200 where it was asked."""
+        return self.phase is Phase.READY and self.http in (None, 200)
+
+    def as_json(self) -> dict[str, Any]:
+        out = {
+            "phase": str(self.phase),
+            "reason": self.reason,
+            "decode_captured": self.captured.decode,
+            "decode_expected": self.expected.decode,
+            "prefill_captured": self.captured.prefill,
+            "prefill_expected": self.expected.prefill,
+            "start": self.start,
+            "started_at": self.started_at,
+            "ready_line": self.ready_line,
+            "http": self.http,
+            "server_alive": self.server_alive,
+            "capacity": self.capacity,
+            "failure_kind": self.failure_kind,
+            "hung": self.hung,
+            "failed_code": self.failed_code,
+            "verify": self.verify,
+            "verification": self.verification,
+            "log": self.log,
+            "log_quiet_seconds": self.log_quiet_seconds,
+            "ready_at": self.ready_at,
+        }
+        if self.doctor_warnings:
+            out["doctor_warnings"] = list(self.doctor_warnings)
+        return out
