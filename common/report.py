@@ -20,6 +20,7 @@ INVALID_SETTING = 3
 NEVER_READY = 4
 SERVER_EXISTS = 5
 FATAL = 70
+HUNG = 72
 NO_SERVER_PROGRAM = 127
 
 EXIT_CODES: tuple[tuple[str, str, str], ...] = (
@@ -34,6 +35,7 @@ EXIT_CODES: tuple[tuple[str, str, str], ...] = (
     ("10-42", "preflight found a problem with the box, the weights, FlashInfer or the flags (first problem's code; 41: GLM5_SKIP_PREFLIGHT names an unknown check)", "entrypoint, launch --prepare, launch --dry-run (41)"),
     ("30-36", "the weights are missing or incomplete, or lack what a setting needs (preflight's model check)", "download, launch --prepare"),
     ("70", "the server kept failing to start (supervisord FATAL)", "entrypoint"),
+    ("72", "the start hung more than GLM5_START_RETRIES times in a row: the kit stopped restarting it (the reason names where and the fix)", "entrypoint"),
     ("127", "the server program is not installed", "launch --serve"),
 )  # fmt: skip
 
@@ -50,7 +52,7 @@ FAILURE_KINDS: tuple[tuple[int, str, str], ...] = (
     (206, "nccl_watchdog", "the NCCL watchdog caught a collective timeout"),
     (207, "killed", "the server's processes were killed"),
     (208, "exited", "the start's server process exited"),
-    (209, "hung", "no log output for GLM5_STALL_SECONDS while starting: a hang (liveness restarts it)"),
+    (209, "hung", "no log output for GLM5_STALL_SECONDS while starting: a hang (the stall watchdog restarts it, GLM5_START_RETRIES times at most; then exit code 72)"),
     (210, "decode_short", "fewer decode CUDA graphs captured than expected"),
     (211, "prefill_short", "fewer prefill CUDA graphs captured than expected"),
     (212, "no_decode_capture", "ready without a decode CUDA graph capture: decode runs without graphs"),

@@ -69,6 +69,7 @@ class Effective:
             "log_dir": self.values["log_dir"],
             "health_timeout_seconds": self.values["health_timeout_seconds"],
             "stall_seconds": self.values["stall_seconds"],
+            "autotune_stall_seconds": self.values["autotune_stall_seconds"],
             "accept_partial_capture": self.values["accept_partial_capture"],
             "verify": self.values["verify"],
             "on_failure": self.values["on_failure"],

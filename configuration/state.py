@@ -8,6 +8,7 @@ the start marker line in the server log. Only this module names them.
 | `capture.json` | entrypoint/lifecycle (its TICK_5, the one writer: the one prober that runs under supervisord all the time, every 5 s, whether anyone asks or not) | every prober (the healthcheck, the exporter, the gate, the bundle) | what the log said of a start once its capture is done or it is ready, with its drain and what ended it merged in later (the log's tail window and its rotation lose the start's own lines); written only when it changes |
 | `stopped.json` | launch --serve, when it passes a SIGTERM or SIGINT on to the server | every prober | `{"start", "signal", "at"}`: the start was told to stop (a container stop, supervisord's stop, the stall watchdog's restart); a start that reached ready reads draining from then on, even before the server logs its drain |
 | `failed.json` | launch --prepare (an invalid setting, preflight), entrypoint/lifecycle (FATAL) | healthcheck, the exporter, entrypoint.sh (its exit code), people | a failure a restart cannot fix: `{"code", "reason", "at"}`; the container stays up showing it (GLM5_ON_FAILURE=wait); removed at the next prepare |
+| `hangs.json` | entrypoint/lifecycle (its stall watchdog) | entrypoint/lifecycle, people | `{"starts": [N, ...], "last": reason}`: the starts in a row that hung; past GLM5_START_RETRIES the kit records the failure (exit code 72) instead of restarting again; removed once a start is ready. It survives a container restart where the state folder does (the pod's emptyDir; compose's tmpfs only within the container's life) |
 | `doctor.json` | launch --prepare | launch --serve (into launch.json as `doctor_warnings`) | the doctor's warnings about this box |
 | `verified.json` | verify/gate (after each start's warm-up) | healthcheck, the exporter, people | the start's verification: `{"start", "build_id", "passed", "accuracy", "reasons", "regressed", "results"}` (verify/run.py's summary); a start counts as ready only once its own is there and passed (GLM5_VERIFY) |
 | `server-config.yaml` | launch --serve | the server (`--config`) | options that must be on no command line (the API key); mode 0600, removed when the server exits; the state dir is a tmpfs in compose and the pod |
@@ -36,12 +37,13 @@ SERVER_LOG = (
 LAUNCH = "launch.json"
 CAPTURE = "capture.json"
 STOPPED = "stopped.json"
+HANGS = "hangs.json"
 STARTS = "starts"
 SERVER_CONFIG = "server-config.yaml"
 FAILED = "failed.json"
 DOCTOR = "doctor.json"
 VERIFIED = "verified.json"  # the verification of the latest start (verify/gate.py)
-FILES = (STARTS, LAUNCH, CAPTURE, STOPPED, SERVER_CONFIG, FAILED, DOCTOR, VERIFIED)
+FILES = (STARTS, LAUNCH, CAPTURE, STOPPED, HANGS, SERVER_CONFIG, FAILED, DOCTOR, VERIFIED)
 MARKER_TEXT = "glm5-serve: server start #"
 MARKER = re.compile(
     rb"glm5-serve: server start #(\d+) at (\S+)(?: pid \d+: decode graphs expected (\d+), prefill (\d+))?"
@@ -182,6 +184,20 @@ def write_stopped(state_dir: str | Path, start: int, signal_name: str) -> None:
 
 def read_stopped(state_dir: str | Path) -> dict[str, Any] | None:
     return read_json(path(state_dir, STOPPED))
+
+
+def count_hang(state_dir: str | Path, start: int | None, reason: str) -> int:
+    """Count start `start` as hung (once), return how many starts in a row have hung."""
+    record = read_json(path(state_dir, HANGS)) or {}
+    starts = [n for n in record.get("starts", []) if isinstance(n, int)]
+    if start not in starts:
+        starts.append(start if start is not None else -1)
+    write_whole(path(state_dir, HANGS), json.dumps({"starts": starts, "last": reason}) + "\n")
+    return len(starts)
+
+
+def clear_hangs(state_dir: str | Path) -> None:
+    path(state_dir, HANGS).unlink(missing_ok=True)
 
 
 def read_verified(state_dir: str | Path) -> dict[str, Any] | None:

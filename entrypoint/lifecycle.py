@@ -22,10 +22,10 @@ from typing import Any, Protocol
 
 from supervisor import childutils
 
-from common.report import FAILED, FATAL, Log, Problems
+from common.report import FAILED, FATAL, HUNG, Log, Problems
 from configuration import state
 from healthcheck import logscan, phase, probe
-from healthcheck.verdict import Verdict
+from healthcheck.verdict import Phase, Verdict
 
 PREFLIGHT, SERVER = "preflight", "sglang"  # the program names in supervisord.conf
 LOG = Log("glm5-serve")
@@ -73,17 +73,36 @@ def on_event(name: str, event: dict[str, str], values: dict[str, Any], rpc: Supe
         give_up(FATAL, values, rpc)
 
 
-def watch(rpc: Supervisor, judge: Callable[[], Verdict | None]) -> bool:
-    """Restart a running server whose start is hung; True when it did."""
+RESTARTED, STOPPED = "restarted", "stopped"  # what watch did
+
+
+def watch(rpc: Supervisor, judge: Callable[[], Verdict | None], state_dir: str, retries: int) -> str | None:
+    """Restart a running server whose start is hung (RESTARTED), `retries` times in a row at most (hangs.json); then
+    record the failure with where it hung and the fix (exit code 72) and stop the server (STOPPED); None: nothing to
+    do. A start that reaches ready clears the count."""
     if rpc.getProcessInfo(SERVER).get("statename") not in ("STARTING", "RUNNING"):
-        return False
+        return None
     found = judge()
+    if found is not None and found.phase is Phase.READY and state.path(state_dir, state.HANGS).exists():
+        state.clear_hangs(state_dir)
     if found is None or not found.hung:
-        return False
-    LOG.error(f"{found.reason}: restarting the server (a hang a restart can clear; GLM5_STALL_SECONDS)")
+        return None
+    hangs = state.count_hang(state_dir, found.start, str(found.reason))
+    if hangs > retries:
+        reason = (
+            f"{hangs} starts in a row hung (GLM5_START_RETRIES={retries}), so the kit no longer restarts it; "
+            f"the last: {found.reason}"
+        )
+        LOG.error(reason)
+        state.write_failed(state_dir, HUNG, reason)
+        rpc.stopProcess(SERVER, True)
+        return STOPPED
+    LOG.error(
+        f"{found.reason}: restarting the server ({hangs} of {retries + 1} starts in a row hung; GLM5_STALL_SECONDS)"
+    )
     rpc.stopProcess(SERVER, True)
     rpc.startProcess(SERVER, False)
-    return True
+    return RESTARTED
 
 
 def keep(state_dir: str) -> None:
@@ -102,8 +121,8 @@ def give_up(code: int, values: dict[str, Any], rpc: Supervisor) -> None:
         return
     LOG.error(
         f"failed (exit code {code}): staying up to show why (healthcheck --status, the exporter, "
-        f"{state.path(values['state_dir'], state.FAILED)}); fix the cause, then restart the container "
-        "(GLM5_ON_FAILURE=exit exits instead)"
+        f"{state.path(values['state_dir'], state.FAILED)}); fix the cause, then `docker compose up -d glm5` (it "
+        "re-reads glm5.env; `restart` does not) or delete the pod (GLM5_ON_FAILURE=exit exits instead)"
     )
 
 
@@ -128,7 +147,9 @@ def main() -> int:
         try:
             if headers["eventname"].startswith("TICK_"):
                 keep(values["state_dir"])
-                watch(rpc, judge)  # asks the judge only while the server runs: never under invalid settings
+                # asks the judge only while the server runs: never under invalid settings
+                if watch(rpc, judge, values["state_dir"], int(values["start_retries"])) == STOPPED:
+                    give_up(HUNG, values, rpc)
             else:
                 on_event(headers["eventname"], event, values, rpc)
         except (xmlrpc.client.Fault, OSError) as err:  # supervisord shutting down: nothing is left to start

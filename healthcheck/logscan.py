@@ -48,6 +48,10 @@ EVENTS: dict[str, re.Pattern[bytes]] = {
         rb"max_total_num_tokens=(\d+), chunked_prefill_size=(-?\d+), max_prefill_tokens=(\d+), "
         rb"max_running_requests=(\d+), context_len=(\d+), available_gpu_mem=([0-9.]+) GB"
     ),
+    # 0.5.23 model_executor/runner/flashinfer_autotune.py: the MoE autotune before capture logs only its start (with
+    # its cache, or "(cache reuse DISABLED ...") and its end: silent in between.
+    "autotune_begin": re.compile(rb"Running FlashInfer autotune"),
+    "autotune_end": re.compile(rb"FlashInfer autotune completed\."),
     "ready": re.compile(rb"The server is fired up and ready to roll!"),
     # 0.5.23 tokenizer_manager.py SignalHandler.sigterm_handler: the server drains (serves what arrives, /health 503).
     "draining": re.compile(rb"SIGTERM received\. [^\r\n]*Draining requests and shutting down"),
@@ -74,6 +78,7 @@ START_FATAL = ("traceback", "oom", "capture_failed")
 # patterns then run only on those lines (a tqdm frame or a record between \r and \n counts as a line).
 KEYWORDS = (
     b"Load weight",
+    b"FlashInfer autotune",
     b"Captur",
     b"fired up",
     b"Traceback",

@@ -30,6 +30,7 @@ def judge(obs: Observation) -> Verdict:
         obs.quiet,
         obs.stall_seconds,
         obs.stopped,
+        obs.autotune_stall_seconds,
     )
     if not obs.offline:
         out = recorded(gated(out, obs.verify, obs.verified), obs.failed, obs.on_failure)
@@ -53,6 +54,7 @@ def judge(obs: Observation) -> Verdict:
         doctor_warnings=obs.doctor_warnings,
         log=obs.log,
         log_quiet_seconds=None if obs.quiet is None else round(obs.quiet, 1),
+        stall_seconds=out.get("stall_seconds"),
     )
 
 
@@ -173,12 +175,14 @@ def decide(
     quiet: float | None = None,
     stall_seconds: float | None = None,
     stopped: dict[str, Any] | None = None,
+    autotune_stall_seconds: float | None = None,
 ) -> dict[str, Any]:
     """The phase. `alive`: the current start's server process lives (None: unknown). `http`: what /health
     answered (None: not asked). `quiet`: seconds since the log last grew (None: unknown); past
     `stall_seconds` before the ready line, the start is hung. `stopped`: the current start's stop record
     (stopped.json): once ready it is draining whatever the log says yet; before, it reads as it was, stopping; its
-    processes killed or gone after the stop are the stop's doing, not a failure."""
+    processes killed or gone after the stop are the stop's doing, not a failure. While FlashInfer autotunes (silent
+    until it ends) the bound is `autotune_stall_seconds` when given."""
     decode_captured, prefill_captured = captured_counts(scan)
     out: dict[str, Any] = {
         "phase": Phase.STARTING,
@@ -259,17 +263,40 @@ def decide(
         out["phase"] = Phase.WARMING_UP
     elif "load_begin" in scan.seen or "load_end" in scan.seen:
         out["phase"] = Phase.LOADING
+    if "autotune_begin" in scan.seen and "autotune_end" not in scan.seen:
+        out["phase"] = Phase.AUTOTUNING
     if stopped:
         out["reason"] = stop_reason(stopped, "the start ends here")
-    if quiet is not None and stall_seconds is not None and quiet > stall_seconds:
-        return out | {
-            "phase": Phase.FAILED,
-            "hung": True,  # the one failure of a start that a restart can clear (liveness acts on it)
-            "failure_kind": "hung",
-            "reason": f"no server log output for {quiet:.0f} s while {out['phase']} (GLM5_STALL_SECONDS="
-            f"{stall_seconds:g}): a hang; NCCL peer-to-peer on PCIe is the known cause (README: Troubleshooting)",
-        }
+    autotuning = out["phase"] is Phase.AUTOTUNING and autotune_stall_seconds is not None
+    bound, setting = (
+        (autotune_stall_seconds, "GLM5_AUTOTUNE_STALL_SECONDS")
+        if autotuning
+        else (stall_seconds, "GLM5_STALL_SECONDS")
+    )
+    out["stall_seconds"] = bound
+    if quiet is not None and bound is not None and quiet > bound:
+        return (
+            out
+            | {
+                "phase": Phase.FAILED,
+                "hung": True,  # the one failure of a start that a restart can clear (the stall watchdog acts on it)
+                "failure_kind": "hung",
+                "reason": f"no server log output for {quiet:.0f} s while {out['phase']} ({setting}={bound:g}): a hang; "
+                + HANG_CAUSE.get(out["phase"], HANG_CAUSE[Phase.LOADING]),
+            }
+        )
     return out
+
+
+# Where a start hangs, what is known to cause it and the fix (the stall watchdog restarts a hang; when the same start
+# hangs again, entrypoint/lifecycle records the failure with this).
+HANG_CAUSE: dict[Phase, str] = {
+    Phase.AUTOTUNING: "FlashInfer's MoE autotune was seen to spin forever on SM120 (github.com/vllm-project/vllm/"
+    "issues/53963); fix: GLM5_EXTRA_ARGS=--disable-flashinfer-autotune (untuned kernels, some throughput lost)",
+    Phase.CAPTURING: "full decode capture that never returns was seen on 8x RTX PRO 6000 (github.com/sgl-project/sglang/"
+    "pull/29580); fix: GLM5_CUDA_GRAPH_MAX_BS_DECODE=256, or NCCL peer-to-peer (README: Troubleshooting)",
+    Phase.LOADING: "NCCL peer-to-peer on PCIe is the known cause (README: Troubleshooting; entrypoint/doctor --nccl)",
+}
 
 
 def stop_reason(stopped: dict[str, Any] | None, what: str) -> str:

@@ -42,16 +42,19 @@ def settings_of_this_run(environ: dict[str, str] | os._Environ[str]) -> dict[str
     state_dir = environ.get("GLM5_STATE_DIR", "").strip()
     launch = state.read_launch(state_dir) if state_dir.startswith("/") else None
     keys = ("log_dir", "port", "health_timeout_seconds", "accept_partial_capture", "stall_seconds", "verify")
+    later = {"on_failure": "wait", "autotune_stall_seconds": None}  # what a launch.json of an older kit lacks
     if launch is not None and all(k in launch for k in keys):
-        return {"state_dir": state_dir, "on_failure": launch.get("on_failure", "wait")} | {
-            k: launch[k] for k in keys
-        }
+        return (
+            {"state_dir": state_dir}
+            | {k: launch.get(k, v) for k, v in later.items()}
+            | {k: launch[k] for k in keys}
+        )
     # Before the first start (or offline): glm5.toml and the environment, an invalid setting at its default as
     # supervisord runs it, so that a failure recorded under an invalid setting is found where it was written.
     values, problems = state.supervised(environ, create=False)
     for problem in problems:  # named, not fatal: preflight records it as the start's failure (failed.json)
         Log("healthcheck").warning(f"{problem}; judged with glm5.toml's value meanwhile")
-    return {k: values[k] for k in ("state_dir", "on_failure", *keys)}
+    return {k: values[k] for k in ("state_dir", "on_failure", "autotune_stall_seconds", *keys)}
 
 
 def configured_counts(environ: dict[str, str] | os._Environ[str]) -> tuple[int | None, int | None]:
@@ -165,6 +168,7 @@ class Probe(NamedTuple):
     verify: str
     accept_partial: bool
     on_failure: str = "wait"
+    autotune_stall_seconds: float | None = None
     expect_decode: int | None = None
     tail_bytes: int = logscan.TAIL_BYTES
 
@@ -183,6 +187,7 @@ def settings(environ: Mapping[str, str]) -> Probe:
         verify=run["verify"],
         accept_partial=bool(run["accept_partial_capture"]),
         on_failure=run["on_failure"],
+        autotune_stall_seconds=run["autotune_stall_seconds"],
     )
 
 
@@ -197,6 +202,7 @@ def from_args(args: argparse.Namespace, run: dict[str, Any]) -> Probe:
         verify=args.verify,
         accept_partial=args.accept_partial,
         on_failure=run["on_failure"],
+        autotune_stall_seconds=run["autotune_stall_seconds"],
         expect_decode=args.expect_decode,
         tail_bytes=args.tail_bytes,
     )
@@ -237,6 +243,7 @@ def observe(p: Probe) -> Observation:
         doctor_warnings=tuple(f"{w['name']}: {w['detail']}" for w in warnings),
         log=str(p.log_path),
         on_failure=p.on_failure,
+        autotune_stall_seconds=p.autotune_stall_seconds,
     )
 
 

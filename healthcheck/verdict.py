@@ -23,6 +23,7 @@ class Phase(StrEnum):
 
     STARTING = "starting"
     LOADING = "loading"
+    AUTOTUNING = "autotuning"
     CAPTURING = "capturing"
     WARMING_UP = "warming_up"
     VERIFYING = "verifying"
@@ -44,6 +45,10 @@ class Phase(StrEnum):
 MEANING: dict[Phase, tuple[str, str]] = {
     Phase.STARTING: ("preflight passed, the server is importing and setting up NCCL", "< 1 min"),
     Phase.LOADING: ("~57 GB of weights per GPU", "1 min warm, far longer from a cold disk"),
+    Phase.AUTOTUNING: (
+        "FlashInfer tunes its MoE kernels before capture, silent until it ends (`GLM5_AUTOTUNE_STALL_SECONDS`)",
+        "minutes (an estimate)",
+    ),
     Phase.CAPTURING: ("58 prefill graphs, then 52 decode batch sizes (512 down to 1), with counts", "~4 min"),
     Phase.WARMING_UP: ("capture done; `/health` answers 503 until the warm-up request returns", "< 1 min"),
     Phase.VERIFYING: (
@@ -66,7 +71,13 @@ MEANING: dict[Phase, tuple[str, str]] = {
         "",
     ),
 }
-ON_THE_WAY = (Phase.STARTING, Phase.LOADING, Phase.CAPTURING, Phase.WARMING_UP)  # a start not over yet
+ON_THE_WAY = (
+    Phase.STARTING,
+    Phase.LOADING,
+    Phase.AUTOTUNING,
+    Phase.CAPTURING,
+    Phase.WARMING_UP,
+)  # a start not over yet
 
 
 class Counts(NamedTuple):
@@ -94,6 +105,9 @@ class Observation(NamedTuple):
     doctor_warnings: tuple[str, ...] = ()
     log: str = ""
     on_failure: str = "wait"  # GLM5_ON_FAILURE: what the container does with a recorded failure
+    autotune_stall_seconds: float | None = (
+        None  # GLM5_AUTOTUNE_STALL_SECONDS: the stall bound while autotuning
+    )
 
 
 class Verdict(NamedTuple):
@@ -118,6 +132,7 @@ class Verdict(NamedTuple):
     doctor_warnings: tuple[str, ...]
     log: str
     log_quiet_seconds: float | None
+    stall_seconds: float | None = None  # the stall bound that applies in this phase (None: none applies)
 
     @property
     def failure_code(self) -> int:

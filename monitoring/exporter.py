@@ -155,7 +155,8 @@ def metrics(v: Verdict, stall_seconds: float, now: float) -> Iterator[Metric]:
         ),
         gauge(
             "glm5_start_stall_seconds",
-            "GLM5_STALL_SECONDS: no log output for this long while starting is a hang",
+            "The stall bound in effect: no log output for this long while starting is a hang (GLM5_STALL_SECONDS; "
+            "GLM5_AUTOTUNE_STALL_SECONDS while autotuning)",
             stall_seconds,
         ),
         gauge(
@@ -245,7 +246,10 @@ class StartCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         try:
             settings = probe.settings(self.environ)
-            yield from metrics(probe.verdict(settings), settings.stall_seconds, time.time())
+            found = probe.verdict(settings)
+            # The bound in effect: GLM5_AUTOTUNE_STALL_SECONDS while autotuning, else GLM5_STALL_SECONDS.
+            bound = found.stall_seconds if found.stall_seconds is not None else settings.stall_seconds
+            yield from metrics(found, bound, time.time())
         except PROBE_ERRORS as err:
             self.errors += 1
             LOG.error(f"probe failed: {err}")

@@ -224,7 +224,7 @@ def test_a_state_folder_too_long_for_supervisords_socket_is_named(tmp_path: Path
     assert state.folder_problem("GLM5_STATE_DIR", folder.with_name("short")) is None
 
 
-def test_the_watchdog_restarts_a_running_server_only_when_its_start_is_hung() -> None:
+def test_the_watchdog_restarts_a_running_server_only_when_its_start_is_hung(tmp_path: Path) -> None:
     judged = phase.judge(
         Observation(
             logscan.Scan(), Counts(52, 58), None, None, None, None, accept_partial=False, verify="off"
@@ -240,5 +240,6 @@ def test_the_watchdog_restarts_a_running_server_only_when_its_start_is_hung() ->
         ("FATAL", hung, []),  # gave up: the failure waits for a fix
     ):
         rpc = FakeSupervisor(statename=statename)
-        assert lifecycle.watch(rpc, lambda found=found: found) is bool(calls), statename
+        acted = lifecycle.watch(rpc, lambda found=found: found, str(tmp_path), 5)
+        assert acted == (lifecycle.RESTARTED if calls else None), statename
         assert rpc.calls == calls, statename

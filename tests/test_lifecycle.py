@@ -157,7 +157,7 @@ def test_an_unusable_folder_falls_back_to_the_images_and_is_reported_there(
     assert stop_inside(c) == 3
 
 
-def test_a_hung_start_is_restarted_inside_the_container_and_a_progressing_one_is_not(
+def test_a_hung_start_is_restarted_inside_the_container_then_recorded_when_it_hangs_again(
     tmp_path: Path, containers: list[Container]
 ) -> None:
     """Docker never restarts an unhealthy container: the lifecycle listener's stall watchdog (TICK_5) does, with the
@@ -186,4 +186,19 @@ def test_a_hung_start_is_restarted_inside_the_container_and_a_progressing_one_is
     time.sleep(6)
     assert c.entrypoint_output.read_text().count("restarting the server") == 1  # the new start is young again
     assert c.proc.poll() is None  # type: ignore[attr-defined]
-    assert stop(c) == 0
+    # It hangs again the same way: past GLM5_START_RETRIES (1) the kit records it and restarts it no more.
+    os.utime(log, (time.time() - 180, time.time() - 180))
+    samples = wait_for_failure(c, port, 72, timeout=30)
+    assert (
+        samples.get("glm5_start_hung{}") == 0
+    )  # a recorded failure, not a hang: liveness passes, the pod waits
+    assert "2 starts in a row hung (GLM5_START_RETRIES=1)" in status(c)
+    assert (
+        subprocess.run(
+            [str(ROOT / "healthcheck/healthcheck"), "--live"], env=c.target.env, timeout=60
+        ).returncode
+        == 0
+    )
+    time.sleep(6)
+    assert c.entrypoint_output.read_text().count("restarting the server") == 1
+    assert stop(c) == 72  # the container's exit code is the recorded failure's

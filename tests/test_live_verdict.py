@@ -256,8 +256,6 @@ def test_every_phase_the_judgement_returns_is_declared() -> None:
     """Every phase decide, gated and recorded can set is a Phase member (a bare string would not be)."""
     source = (ROOT / "healthcheck" / "phase.py").read_text()
     assert not re.search(r'"phase": "', source) and not re.search(r'\["phase"\] = "', source)
-    assert {str(p) for p in Phase} == {"starting", "loading", "capturing", "warming_up", "verifying", "ready",
-                                       "draining", "failed"}  # fmt: skip
 
 
 def test_the_readme_dashboard_and_alerts_name_the_declared_phases() -> None:
