@@ -3,7 +3,8 @@
     gateway/launch --discovery-file FILE [-- SMG-FLAGS...]      plain Docker hosts (compose profile gateway): smg
                                                                 routes to the ready replicas of FILE (gateway/rotation.py)
     gateway/launch --kubernetes NAMESPACE [--replicas N] [-- SMG-FLAGS...]
-                                                                the Kubernetes overlays: pods of this namespace
+                                                                the Kubernetes overlays: the ready server pods of this
+                                                                namespace ([gateway].pods_service, gateway/rotation.py)
     gateway/launch ... --dry-run                                print smg's arguments (the key redacted), start nothing
 
 The flags come from entrypoint/glm5.toml's [gateway] (policy, worker health checks that follow the replicas'
@@ -34,10 +35,9 @@ from prometheus_client import CollectorRegistry, start_http_server
 from common.report import INVALID_SETTING, USAGE, Log, Problems
 from configuration import settings
 from configuration.batch_sizes import effective_decode_max_bs
-from gateway.rotation import Rotation, read_workers
+from gateway.rotation import Rotation, pods, read_workers
 
 LOG = Log("gateway")
-SELECTOR = "app.kubernetes.io/name=glm5-serve app.kubernetes.io/component=server"
 
 
 def admission(values: Mapping[str, Any], replicas: int, gateways: int = 1) -> list[str]:
@@ -76,10 +76,14 @@ def smg_argv(values: Mapping[str, Any], args: argparse.Namespace) -> list[str]:
         argv += ["--discovery-provider", "file", "--discovery-file", args.rotation_file]
     elif args.kubernetes:
         argv += admission(values, args.replicas or int(gw["replicas"]), int(gw["gateways"]))
-        # Its own namespace only (without it smg watches every namespace and needs cluster-wide rights).
-        argv += ["--discovery-provider", "kubernetes", "--service-discovery-namespace", args.kubernetes]
-        argv += ["--selector", *SELECTOR.split(), "--service-discovery-port", str(values["port"])]
+        # The rotation's manifest of the ready pods (gateway/rotation.py says why not smg's Kubernetes discovery).
+        argv += ["--discovery-provider", "file", "--discovery-file", args.rotation_file]
     return argv + args.smg_flags
+
+
+def pods_name(namespace: str) -> str:
+    """The server pods' headless Service in `namespace` (k8s/overlays/gateway), as the pod's DNS search finds it."""
+    return f"{settings.load_config()['gateway']['pods_service']}.{namespace}.svc"
 
 
 def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ) -> int:
@@ -90,7 +94,7 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
     parser.add_argument(
         "--rotation-file",
         default=settings.load_config()["gateway"]["rotation_file"],
-        help="where the ready replicas of --discovery-file are written for smg (a writable folder)",
+        help="where the ready replicas are written for smg (a writable folder)",
     )
     parser.add_argument(
         "--replicas",
@@ -102,7 +106,7 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
         "--rotation-metrics-port",
         type=int,
         default=settings.load_config()["gateway"]["rotation_metrics_port"],
-        help="where the rotation's own /metrics listens (with --discovery-file)",
+        help="where the rotation's own /metrics listens",
     )
     parser.add_argument(
         "--dry-run", action="store_true", help="print smg's arguments (key redacted) and stop"
@@ -135,23 +139,25 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
         return 0
     if not key:
         LOG.warning("no GLM5_API_KEY(_FILE): the gateway answers anyone who reaches its port")
-    if args.discovery_file:
-        turn = Rotation(Path(args.discovery_file), Path(args.rotation_file), int(values["exporter_port"]))
-        try:
-            turn.start()
-        except OSError as err:
-            LOG.error(f"--rotation-file {args.rotation_file}: {err}; fix: point it at a writable folder")
-            return USAGE
-        registry = CollectorRegistry()
-        registry.register(turn)
-        try:
-            start_http_server(args.rotation_metrics_port, "0.0.0.0", registry)
-        except OSError as err:
-            LOG.error(
-                f"--rotation-metrics-port {args.rotation_metrics_port}: {err}; "
-                "fix: a free port ([gateway].rotation_metrics_port)"
-            )
-            return USAGE
+    source = (
+        Path(args.discovery_file) if args.discovery_file else pods(pods_name(args.kubernetes), values["port"])
+    )
+    turn = Rotation(source, Path(args.rotation_file), int(values["exporter_port"]))
+    try:
+        turn.start()
+    except OSError as err:
+        LOG.error(f"--rotation-file {args.rotation_file}: {err}; fix: point it at a writable folder")
+        return USAGE
+    registry = CollectorRegistry()
+    registry.register(turn)
+    try:
+        start_http_server(args.rotation_metrics_port, "0.0.0.0", registry)
+    except OSError as err:
+        LOG.error(
+            f"--rotation-metrics-port {args.rotation_metrics_port}: {err}; "
+            "fix: a free port ([gateway].rotation_metrics_port)"
+        )
+        return USAGE
     launch_router(router_args)
     return 0
 

@@ -1,4 +1,5 @@
-"""The gateway's rotation on Docker hosts: smg sends work only to the replicas the kit itself calls ready.
+"""The gateway's rotation, on Docker hosts and on Kubernetes: smg sends work only to the replicas the kit itself calls
+ready.
 
 smg's file discovery routes to every worker of its manifest that answers `/health`, but SGLang's `/health` is 200
 from the warm-up on (before the start is verified) and turns 503 only once the server drains, when smg, checking
@@ -14,13 +15,19 @@ in the rotation or not, whether its exporter answered and the phase it said. smg
 its manifest is drained for 5 s and removed, and smg 1.13.0 then drops its `smg_worker_health` series: a replica out
 of the rotation has no smg series at all.
 
-The workers file: smg's own format, {"version": 1, "workers": [{"id", "url"}]}, each worker optionally with
-"ready_url" (default: the url's host on [deployment].exporter_port, path /ready). Only id and url reach smg.
+The replicas come from the operator's workers file on Docker hosts (smg's own format, {"version": 1, "workers":
+[{"id", "url"}]}, each worker optionally with "ready_url": default the url's host on [deployment].exporter_port, path
+/ready; only id and url reach smg), and on Kubernetes from the DNS of the server pods' headless Service
+([gateway].pods_service, publishing not-ready pods too: every pod is asked, and shown here). smg's own Kubernetes
+discovery is not used: it adds a pod when it first turns Ready and keeps it until the pod is deleted, so after an
+in-place restart of the server (its stall watchdog, a crash) only SGLang's /health, 200 before verification, would
+keep an unverified replica out.
 """
 
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import urllib.error
 import urllib.parse
@@ -47,6 +54,8 @@ NAMES = (
 
 Worker = dict[str, str]
 Ask = Callable[[str], tuple[bool, str]]  # ready URL -> (ready, what it said)
+Listing = Callable[[], "list[Worker] | None"]  # the replicas now; None: unknown (the last good list stays)
+Resolve = Callable[[str, int], list[str]]  # host, port -> its addresses (raises OSError when it cannot tell)
 
 
 def read_workers(source: Path) -> list[Worker] | None:
@@ -60,6 +69,31 @@ def read_workers(source: Path) -> list[Worker] | None:
         LOG.warning(f"{source}: {err}; keeping the last rotation (the format: gateway/workers.example.json)")
         return None
     return [{k: str(v) for k, v in w.items()} for w in workers]
+
+
+def addresses(host: str, port: int) -> list[str]:
+    """Every address the name resolves to (a headless Service: one per pod); none when the name has no record."""
+    try:
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as err:
+        if err.errno in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)):
+            return []  # no endpoints: a Service with no pod publishes no record
+        raise
+    return sorted({str(info[4][0]) for info in found})
+
+
+def pods(host: str, port: int, resolve: Resolve = addresses) -> Listing:
+    """The replicas behind a headless Service's name, one worker per pod address, `port` the server's."""
+
+    def listing() -> list[Worker] | None:
+        try:
+            found = resolve(host, port)
+        except OSError as err:
+            LOG.warning(f"{host}: {err}; keeping the last rotation")
+            return None
+        return [{"id": ip, "url": f"http://{'[' + ip + ']' if ':' in ip else ip}:{port}"} for ip in found]
+
+    return listing
 
 
 def ready_url(worker: Worker, exporter_port: int) -> str:
@@ -97,16 +131,20 @@ def manifest(workers: list[Worker]) -> str:
 
 
 class Rotation(Collector):
-    """The operator's file (`source`) in, smg's manifest (`target`) out; its state as Prometheus metrics."""
+    """The replicas (`source`: the operator's file, or a listing such as pods()) in, smg's manifest (`target`) out;
+    its state as Prometheus metrics."""
 
-    def __init__(self, source: Path, target: Path, exporter_port: int, ask: Ask = ask_ready) -> None:
-        self.source, self.target, self.exporter_port, self.ask = source, target, exporter_port, ask
+    def __init__(
+        self, source: Path | Listing, target: Path, exporter_port: int, ask: Ask = ask_ready
+    ) -> None:
+        self.listing: Listing = (lambda: read_workers(source)) if isinstance(source, Path) else source
+        self.target, self.exporter_port, self.ask = target, exporter_port, ask
         self.workers: list[Worker] = []
         self.state: dict[str, tuple[bool, str]] = {}  # url -> (in the rotation, what its replica said)
 
     def step(self) -> bool:
         """One pass: ask every replica, write the manifest when it changes; True when it did."""
-        listed = read_workers(self.source)
+        listed = self.listing()
         if listed is not None:
             self.workers = listed
         with ThreadPoolExecutor(max_workers=max(1, min(16, len(self.workers)))) as pool:
@@ -119,7 +157,7 @@ class Rotation(Collector):
                 name = worker.get("id", worker["url"])
                 LOG.info(f"{name} {'joins' if ready else 'is out of'} the rotation ({said})")
         for url in set(self.state) - set(now):
-            LOG.info(f"{url} left the workers file: out of the rotation")
+            LOG.info(f"{url} is no longer listed: out of the rotation")
         text = manifest([w for w in self.workers if now[w["url"]][0]])
         self.state = now
         try:

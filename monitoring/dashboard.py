@@ -133,7 +133,7 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
         "Gateway",
         (
             Panel("Replica health (gateway's checks)", "none", (("smg_worker_health", "{{worker}}"),)),
-            Panel("Replicas in the rotation (Docker hosts)", "none", (("glm5_rotation_in_rotation", "{{id}}"),)),
+            Panel("Replicas in the rotation", "none", (("glm5_rotation_in_rotation", "{{id}}"),)),
             Panel("Requests per replica", "reqps", ((f"sum by (worker) (rate(smg_worker_requests_total[{RATE}]))", "{{worker}}"),)),
             Panel(
                 "Gateway request duration",

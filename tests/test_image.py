@@ -415,9 +415,11 @@ def test_the_gateway_overlay_runs_replicas_one_per_node_behind_the_gateway(tmp_p
     assert "nodeAffinity" in affinity  # the base's GPU node selection is kept
     (spread,) = affinity["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert spread["topologyKey"] == "kubernetes.io/hostname"
-    role = objects[("Role", "glm5-gateway")]
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
-    assert not any(k == "ClusterRole" for k, _ in objects)  # one namespace, no cluster-wide rights
+    # No rights at all: the rotation lists the pods through the headless Service's DNS, not the Kubernetes API.
+    assert not any(k in ("Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding") for k, _ in objects)
+    pods = objects[("Service", settings.load_config()["gateway"]["pods_service"])]["spec"]
+    assert pods["clusterIP"] == "None" and pods["publishNotReadyAddresses"] is True
+    assert pods["selector"] == sts["selector"]["matchLabels"]
     assert objects[("PodDisruptionBudget", "glm5")]["spec"]["maxUnavailable"] == 1
     deploy = objects[("Deployment", "glm5-gateway")]["spec"]["template"]["spec"]
     (gw,) = deploy["containers"]
@@ -430,7 +432,7 @@ def test_the_gateway_overlay_runs_replicas_one_per_node_behind_the_gateway(tmp_p
     argv = [a.replace("$(POD_NAMESPACE)", "glm5") for a in gw["args"][1:]]
     checked = gateway_launch(*argv, "--dry-run")
     assert checked.returncode == 0, checked.stderr
-    assert "--service-discovery-namespace glm5" in checked.stdout and "--policy cache_aware" in checked.stdout
+    assert "--discovery-provider file" in checked.stdout and "--policy cache_aware" in checked.stdout
     refused = gateway_launch(*argv, "--dry-run", "--", "--health-check-timeout-secs", "2.5")
     assert refused.returncode == 2 and "invalid int value: '2.5'" in refused.stderr
 

@@ -4,6 +4,7 @@ the kit's container starts is tests/test_rollout.py."""
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -14,7 +15,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from configuration import settings
-from conftest import ROOT
+from conftest import ROOT, kit_env
 from gateway import launch, rotation
 from monitoring import exporter as start_exporter
 
@@ -174,3 +175,51 @@ def test_the_rotation_says_on_metrics_who_is_in_who_answers_and_their_phase(tmp_
     phases = {s.labels["id"]: s.labels["phase"] for family in registry.collect()
               for s in family.samples if s.name == "glm5_rotation_phase"}  # fmt: skip
     assert phases == {"a": "ready", "b": "unknown"}
+
+
+# On Kubernetes: the replicas are the server pods behind the headless Service (k8s/overlays/gateway), each asked.
+
+
+def test_on_kubernetes_an_unverified_pod_gets_no_traffic_also_after_an_in_place_restart(
+    tmp_path: Path,
+) -> None:
+    """smg's own Kubernetes discovery adds a pod once it turns Ready and keeps it until the pod is deleted; the
+    rotation asks every pod the Service lists, on every pass, so a restarted server is out until verified again."""
+    listed = {"now": ["10.0.0.1", "10.0.0.2"]}
+    said = {
+        "http://10.0.0.1:30090/ready": (True, "ready"),
+        "http://10.0.0.2:30090/ready": (False, "verifying"),
+    }
+    source = rotation.pods("glm5-pods.glm5.svc", 30000, lambda host, port: list(listed["now"]))
+    target = tmp_path / "out.json"
+    turn = rotation.Rotation(source, target, 30090, lambda url: said[url])
+    turn.step()
+    assert json.loads(target.read_text())["workers"] == [{"id": "10.0.0.1", "url": "http://10.0.0.1:30000"}]
+    said["http://10.0.0.1:30090/ready"] = (False, "verifying")  # its server restarted in place: the pod stays
+    said["http://10.0.0.2:30090/ready"] = (True, "ready")
+    turn.step()
+    assert json.loads(target.read_text())["workers"] == [{"id": "10.0.0.2", "url": "http://10.0.0.2:30000"}]
+    listed["now"] = ["10.0.0.2", "10.0.0.3"]  # a pod replaced: a new address, asked before it gets anything
+    said["http://10.0.0.3:30090/ready"] = (False, "loading")
+    turn.step()
+    assert [w["id"] for w in json.loads(target.read_text())["workers"]] == ["10.0.0.2"]
+
+
+def test_a_dns_answer_that_fails_keeps_the_last_rotation_and_no_record_empties_it() -> None:
+    def failing(host: str, port: int) -> list[str]:
+        raise OSError("Temporary failure in name resolution")
+
+    assert rotation.pods("glm5-pods.glm5.svc", 30000, failing)() is None
+    assert rotation.pods("glm5-pods.glm5.svc", 30000, lambda h, p: [])() == []
+    assert rotation.addresses(
+        "localhost", 30000
+    )  # the real resolver: a name with records gives its addresses
+
+
+def test_the_kubernetes_gateway_reads_the_rotations_manifest_not_smgs_discovery() -> None:
+    done = subprocess.run([str(ROOT / "gateway" / "launch"), "--kubernetes", "glm5", "--dry-run"],
+                          capture_output=True, text=True, env=kit_env(), check=False, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "--discovery-provider file --discovery-file /tmp/glm5-gateway/workers.json" in done.stdout
+    assert "kubernetes" not in done.stdout
+    assert launch.pods_name("glm5") == "glm5-pods.glm5.svc"

@@ -130,7 +130,7 @@ def test_every_pod_meets_the_restricted_standard_with_read_only_roots_and_memory
     for name, spec in pod_specs(docs).items():
         assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, name
         assert spec["securityContext"]["runAsNonRoot"] is True, name
-        assert spec["automountServiceAccountToken"] is (name == "Deployment/glm5-gateway"), name
+        assert spec["automountServiceAccountToken"] is False, name  # the gateway lists pods through DNS
         for c in spec.get("initContainers", []) + spec["containers"]:
             ctx = c["securityContext"]
             assert ctx["readOnlyRootFilesystem"] is True and ctx["allowPrivilegeEscalation"] is False, (
@@ -198,14 +198,13 @@ def test_network_policies_let_in_only_clients_the_gateway_and_prometheus() -> No
     prometheus = {"ns": {"kubernetes.io/metadata.name": DEPLOYMENT["monitoring_namespace"]}}
     stranger = {"pod": {"app": "other"}, "ns": {"kubernetes.io/metadata.name": "default"}}
     server = p["glm5-server"]
-    assert allowed_ports(server, client) == allowed_ports(server, gateway) == {"http"}
+    assert allowed_ports(server, client) == {"http"}
+    assert allowed_ports(server, gateway) == {"http", "exporter"}  # the rotation asks the exporter's /ready
     assert allowed_ports(server, prometheus) == {"http", "exporter"}
     assert allowed_ports(server, stranger) == set()
     gw = p["glm5-gateway"]
-    assert allowed_ports(gw, client) == {"http", "probes"} and allowed_ports(gw, prometheus) == {
-        "metrics",
-        "probes",
-    }
+    assert allowed_ports(gw, client) == {"http", "probes"}
+    assert allowed_ports(gw, prometheus) == {"metrics", "rotation", "probes"}
     assert allowed_ports(gw, stranger) == {"probes"}  # the kubelet's probes
     # Egress: the server none (only the default deny selects it for Egress), the weights Job DNS and HTTPS.
     egress_of_server = [
