@@ -20,6 +20,9 @@ from configuration import settings
 ROOT = Path(__file__).resolve().parents[1]
 # The kit's thin executables run `python3` from PATH: make it this interpreter (the test venv's).
 os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+# No test installs an environment: ci/test set them all up before pytest started (ci/smoke and ci/eval would set up
+# theirs on first use; here a missing one is an error naming `ci/setup-test-env NAME`).
+os.environ["SETUP_TEST_ENV_CHECK"] = "1"
 SCENARIOS = ROOT / "tests" / "helpers" / "dynamo_scenarios.py"
 ABSENT = pytest.StashKey[list[Path]]()  # the image's folders that did not exist when the run began
 RUN_FOLDERS = Path(tempfile.mkdtemp(prefix="glm5-tests-"))  # this test process's state and log folders

@@ -151,10 +151,12 @@ def devel_tree(tmp_path: Path) -> Path:
     return home
 
 
+@pytest.mark.full  # .cuda-13.0's nvcc
 def test_a_complete_toolkit_passes(tmp_path: Path) -> None:
     assert build.toolchain_problems(devel_tree(tmp_path), "13.0") == []
 
 
+@pytest.mark.full  # .cuda-13.0's nvcc
 @pytest.mark.parametrize(
     ("breakage", "setting", "words"),
     [
@@ -180,6 +182,7 @@ def test_a_broken_toolkit_is_named_before_compiling(
     assert problems[0].fix
 
 
+@pytest.mark.full  # .cuda-13.0's nvcc
 def test_tools_missing_from_path_are_named(tmp_path: Path) -> None:
     problems = build.toolchain_problems(devel_tree(tmp_path), "13.0", which=lambda _: None)
     assert [p.message for p in problems] == ["no ninja on PATH", f"no {os.environ.get('CXX', 'c++')} on PATH"]
@@ -279,9 +282,10 @@ def test_a_soname_less_libcuda_stub_is_caught(tmp_path: Path) -> None:
     assert verify.driver_link_problem(["libcudart.so.13", "libcuda.so.1"]) is None
 
 
+@pytest.mark.full  # .cuda-13.0's nvcc
 def test_the_ci_toolkit_is_the_devel_layout_kernels_build_accepts() -> None:
     assert (CUDA / "bin" / "nvcc").exists(), (
-        "run ci/setup-test-env (it lays out .cuda-13.0 with ci/cuda-toolkit)"
+        "run ci/setup-test-env tests (it lays out .cuda-13.0 with ci/cuda-toolkit)"
     )
     assert build.toolchain_problems(CUDA, "13.0") == []
     out = subprocess.run(

@@ -43,7 +43,10 @@ def compose_verbs(tmp_path: Path) -> set[str]:
     return {w for argv in asked(tmp_path) if argv[:1] == ["compose"] for w in argv if w in TOUCHING}
 
 
-@pytest.mark.parametrize("tool", [["ci/smoke"], ["ci/bench", "--sweep", "ci/sweep-sm120.toml"]])
+@pytest.mark.parametrize(
+    "tool",
+    [pytest.param(["ci/smoke"], marks=pytest.mark.full), ["ci/bench", "--sweep", "ci/sweep-sm120.toml"]],
+)  # ci/smoke runs in .venv-smoke
 def test_a_server_already_there_is_never_touched(tmp_path: Path, tool: list[str]) -> None:
     env = docker_host(tmp_path, RUNNING_ID)
     done = subprocess.run(
