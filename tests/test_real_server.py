@@ -26,7 +26,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from configuration import config, state
+from conftest import healthcheck_json
+from healthcheck import logscan
 from helpers import real_server, sglang_cpu_server
+from helpers.container import exporter_samples
 from helpers.real_server import RealContainer
 from test_monitoring import base_name, used_series
 
@@ -185,7 +188,7 @@ def test_a_stop_drains_a_stream_in_flight_to_its_end(
     c = real_server.start(tmp_path, tiny_llama, stop_timeout=180, GLM5_DRAIN_SECONDS="120")
     c.wait_ready()
     lines: list[tuple[float, str]] = []
-    reader = threading.Thread(target=stream_lines, args=(c, chat(600, stream=True), lines), daemon=True)
+    reader = threading.Thread(target=stream_lines, args=(c, chat(300, stream=True), lines), daemon=True)
     reader.start()
     while len(lines) < 3 and reader.is_alive():
         time.sleep(0.05)
@@ -197,7 +200,7 @@ def test_a_stop_drains_a_stream_in_flight_to_its_end(
     code = c.proc.wait(timeout=240)  # type: ignore[attr-defined]
     assert lines and lines[-1][1] == "data: [DONE]", lines[-3:]
     usage = json.loads(lines[-2][1].removeprefix("data: "))["usage"]
-    assert usage["completion_tokens"] == 600
+    assert usage["completion_tokens"] == 300
     after = sum(1 for at, _ in lines if at > signalled)
     assert after > 1, "the stream ended before the server saw the SIGTERM: nothing was drained"
     assert code == 0 and not c.commands()
@@ -242,3 +245,42 @@ def test_the_series_the_alerts_dashboard_and_keda_use_are_on_the_real_metrics(re
     assert not set(AFTER_AN_EVENT) & names, "now exported before its event: move it out of AFTER_AN_EVENT"
     modes = {labels.get("mode") for labels in exposed["sglang:cuda_graph_passes_total"]}
     assert "decode_none" in modes, modes  # GLM5DecodeWithoutCudaGraphs divides by the decode_* modes
+
+
+# --- the healthcheck and the exporter on the real log and /metrics -----------------------------------------------
+
+
+@pytest.mark.boots
+@pytest.mark.xdist_group("real_sglang")
+def test_the_healthcheck_reads_the_real_start_ready_with_its_capacity(ready: RealContainer) -> None:
+    code, found = healthcheck_json(ready.target.env)
+    assert code == 0 and found["phase"] == "ready", found
+    assert found["capacity"]["max_total_num_tokens"] == 4096, found
+    assert found["capacity"]["context_len"] == 4096 and found["capacity"]["available_gpu_mem_gb"] > 0
+
+
+@pytest.mark.boots
+@pytest.mark.xdist_group("real_sglang")
+def test_the_exporter_reports_the_real_start_ready_with_its_capacity(ready: RealContainer) -> None:
+    samples = exporter_samples(ready.exporter_port)
+    assert samples['glm5_start_phase{phase="ready"}'] == 1
+    assert samples["glm5_server_alive{}"] == 1
+    assert samples["glm5_capacity_max_running_requests{}"] > 0
+    assert samples["glm5_capacity_available_gpu_memory_bytes{}"] > 0
+
+
+def test_the_capacity_line_the_cpu_scheduler_prints_is_read() -> None:
+    """SGLang 0.5.23's scheduler on the CPU names the memory left available_cpu_mem (scheduler.py:1274): the line
+    as a real CPU start printed it (--max-total-tokens 4096, --chunked-prefill-size left at its default)."""
+    line = (
+        b"[2026-12-03 09:07:28] max_total_num_tokens=4096, chunked_prefill_size=4096, max_prefill_tokens=16384, "
+        b"max_running_requests=2048, context_len=4096, available_cpu_mem=21.51 GB\n"
+    )
+    assert logscan.scan(line).capacity == {
+        "max_total_num_tokens": 4096,
+        "chunked_prefill_size": 4096,
+        "max_prefill_tokens": 16384,
+        "max_running_requests": 2048,
+        "context_len": 4096,
+        "available_gpu_mem_gb": 21.51,
+    }
