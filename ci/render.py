@@ -62,6 +62,7 @@ MARKED = (
     "image/requirements.in",
     "ci/requirements-nodeps.txt",
     "ci/requirements-test.txt",
+    "ci/requirements-sglang-cpu.txt",
     "ci/setup-test-env",
 )
 ALERTS = "monitoring/prometheus/alerts.yml"

@@ -44,9 +44,10 @@ EVENTS: dict[str, re.Pattern[bytes]] = {
     "decode_end": re.compile(rb"Capture target (?:decode|verify) CUDA graph end\.(?: bs=" + NUMS + rb")?"),
     "decode_end_legacy": re.compile(rb"Capture cuda graph end\. Time elapsed"),
     # 0.5.23 srt/managers/scheduler.py (rank 0, once the KV pool is sized): what this replica can hold at once.
+    # The last field is available_cpu_mem on the CPU engine (scheduler.py:1274), as the real-server tests run it.
     "capacity": re.compile(
         rb"max_total_num_tokens=(\d+), chunked_prefill_size=(-?\d+), max_prefill_tokens=(\d+), "
-        rb"max_running_requests=(\d+), context_len=(\d+), available_gpu_mem=([0-9.]+) GB"
+        rb"max_running_requests=(\d+), context_len=(\d+), available_(?:gpu|cpu)_mem=([0-9.]+) GB"
     ),
     # 0.5.23 model_executor/runner/flashinfer_autotune.py: the MoE autotune before capture logs only its start (with
     # its cache, or "(cache reuse DISABLED ...") and its end: silent in between.

@@ -1,0 +1,286 @@
+"""The kit around the REAL SGLang 0.5.23 server on the CPU (tests/helpers/real_server.py): a tiny random Llama,
+started through entrypoint.sh, the real supervisord and entrypoint/launch, as the container runs it.
+
+Budget: three real starts per run, two alive at once (one xdist group, so one worker): `shared`, started by the
+first test that boots so its imports overlap the others', serves every read-only check; the stop while loading
+and the drain get their own. The server program's flag classification is checked without a start.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from configuration import config, state
+from conftest import healthcheck_json
+from healthcheck import logscan
+from helpers import real_server, sglang_cpu_server
+from helpers.container import exporter_samples
+from helpers.real_server import RealContainer
+from test_monitoring import base_name, used_series
+
+KEY = "real-server-key-0123456789abcdef"
+BOOTS = [pytest.mark.boots, pytest.mark.xdist_group("real_sglang")]
+# Series the kit's alerts, dashboard or KEDA query use that the real server exports only after an event: its
+# multiprocess collector writes a series once it has a sample (the double shows them at 0 from the start).
+AFTER_AN_EVENT = {"sglang:num_retracted_requests_total": "a retraction (the KV pool full while decoding)"}
+
+
+# --- the server program's flags, without a start ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "env",
+    [{}, {"GLM5_MAX_RUNNING_REQUESTS": "64", "GLM5_KV_CACHE_DTYPE": "bf16"}, {"GLM5_API_KEY": KEY}],
+)
+def test_every_flag_the_kit_renders_is_classified_for_the_cpu_server(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    effective = config.resolve(env | {"GLM5_STATE_DIR": str(tmp_path)})
+    if effective.secret_options:  # the file the kit writes before the start: its keys are classified too
+        state.write_server_config(tmp_path, effective.secret_options)
+    out = sglang_cpu_server.classify(effective.argv[len(config.SERVER_PROGRAM) :], "/tiny")
+    pairs = dict(zip(out, [*out[1:], ""], strict=True))
+    assert pairs["--model-path"] == "/tiny" and pairs["--host"] == "127.0.0.1"
+    assert pairs["--attention-backend"] == "torch_native" and "--sleep-on-idle" in out
+    assert "--max-total-tokens" in out and "--device" in out
+    for dropped in ("--tp-size", "--quantization", "--kv-cache-dtype", "--cuda-graph-max-bs-decode"):
+        assert dropped not in out
+    assert out.count("--attention-backend") == 1
+    if env.get("GLM5_API_KEY"):
+        assert "--config" in out and KEY not in out
+
+
+def run_program(*args: str, model: str) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": "/usr/bin:/bin", "SGLANG_CPU_MODEL": model}
+    return subprocess.run(
+        [sys.executable, sglang_cpu_server.__file__, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        timeout=30,
+    )
+
+
+def test_the_cpu_server_program_refuses_a_flag_it_has_not_classified(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    done = run_program("--port", "30000", "--enable-some-new-thing", model=str(tmp_path))
+    assert done.returncode == 2
+    assert "--enable-some-new-thing: not classified for the CPU server" in done.stderr
+    # GLM5_SPECULATIVE=mtp: MTP needs GLM-5's own layer, which no CPU server runs
+    mtp = config.resolve({"GLM5_SPECULATIVE": "mtp"}).argv[len(config.SERVER_PROGRAM) :]
+    done = run_program(*mtp, model=str(tmp_path))
+    assert done.returncode == 2 and "--speculative-algorithm: not classified" in done.stderr
+    (tmp_path / "server.yaml").write_text('api-key: "k"\nadmin-api-key: "k2"\n')
+    done = run_program("--config", str(tmp_path / "server.yaml"), model=str(tmp_path))
+    assert done.returncode == 2 and "option 'admin-api-key' is not classified" in done.stderr
+    done = run_program("--port", "30000", model=str(tmp_path / "none"))
+    assert done.returncode == 2 and "SGLANG_CPU_MODEL" in done.stderr
+
+
+# --- real starts ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return real_server.make_model(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def shared(tmp_path_factory: pytest.TempPathFactory, tiny_llama: Path) -> Iterator[RealContainer]:
+    """One real server for every read-only check, with an API key; booted at once, waited for when first used."""
+    c = real_server.start(tmp_path_factory.mktemp("shared"), tiny_llama, GLM5_API_KEY=KEY)
+    yield c
+    c.target.stop()
+
+
+@pytest.fixture
+def ready(shared: RealContainer) -> RealContainer:
+    if not shared.was_ready:
+        shared.wait_ready()
+    return shared
+
+
+def call(c: RealContainer, path: str, body: dict[str, Any] | None = None, key: str | None = None) -> Any:
+    """(status, parsed JSON or text) of one request to the server itself."""
+    headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {key}"} if key else {})
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(f"http://127.0.0.1:{c.port}{path}", data=data, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            text = response.read().decode()
+            status = response.status
+    except urllib.error.HTTPError as err:
+        text, status = err.read().decode(), err.code
+    try:
+        return status, json.loads(text)
+    except json.JSONDecodeError:
+        return status, text
+
+
+def chat(max_tokens: int, stream: bool = False) -> dict[str, Any]:
+    return {
+        "model": "glm-5",
+        "messages": [{"role": "user", "content": "Hello world! How are you today?"}],
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": stream,
+    } | ({"stream_options": {"include_usage": True}} if stream else {})
+
+
+def processes_of(c: RealContainer) -> list[psutil.Process]:
+    return c.leftovers()  # every live process started with this container's environment
+
+
+@pytest.mark.boots
+@pytest.mark.xdist_group("real_sglang")
+def test_a_stop_while_the_server_loads_leaves_no_process(
+    shared: RealContainer, tiny_llama: Path, tmp_path: Path
+) -> None:
+    """SGLang's spawned processes arm die-with-parent only after their imports (scheduler.py, detokenizer_manager.py
+    kill_itself_when_parent_died): a SIGTERM to the server while they import leaves them orphaned. The kit's launch
+    kills what the server left in its process group. (`shared` is asked for only so its start overlaps this one.)"""
+    c = real_server.start(tmp_path, tiny_llama, stop_timeout=120)
+    deadline = time.monotonic() + real_server.START_TIMEOUT
+    while time.monotonic() < deadline:  # the server's spawned children exist: it is loading
+        titles = [" ".join(p.cmdline()) for p in processes_of(c)]
+        if sum("multiprocessing" in t or "sglang::" in t for t in titles) >= 2:
+            break
+        assert c.target.exited() is None, c.target.log_tail()
+        time.sleep(0.2)
+    assert "ready to roll" not in c.output()
+    c.target.stop()
+    assert not c.commands(), f"left running after the stop: {c.commands()}"
+    assert "process(es) it left behind" in c.output(), (
+        "the kit killed nothing: were the children still loading?"
+    )
+
+
+def stream_lines(c: RealContainer, body: dict[str, Any], lines: list[tuple[float, str]]) -> None:
+    connection = http.client.HTTPConnection("127.0.0.1", c.port, timeout=300)
+    connection.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    for raw in response:
+        if raw.strip():
+            lines.append((time.monotonic(), raw.decode().strip()))
+
+
+@pytest.mark.boots
+@pytest.mark.xdist_group("real_sglang")
+def test_a_stop_drains_a_stream_in_flight_to_its_end(
+    shared: RealContainer, tiny_llama: Path, tmp_path: Path
+) -> None:
+    c = real_server.start(tmp_path, tiny_llama, stop_timeout=180, GLM5_DRAIN_SECONDS="120")
+    c.wait_ready()
+    lines: list[tuple[float, str]] = []
+    reader = threading.Thread(target=stream_lines, args=(c, chat(300, stream=True), lines), daemon=True)
+    reader.start()
+    while len(lines) < 3 and reader.is_alive():
+        time.sleep(0.05)
+    c.proc.send_signal(signal.SIGTERM)  # the container's stop: entrypoint.sh, supervisord, launch, the server
+    while "SIGTERM received" not in c.output() and reader.is_alive():
+        time.sleep(0.05)
+    signalled = time.monotonic()
+    reader.join(timeout=240)
+    code = c.proc.wait(timeout=240)  # type: ignore[attr-defined]
+    assert lines and lines[-1][1] == "data: [DONE]", lines[-3:]
+    usage = json.loads(lines[-2][1].removeprefix("data: "))["usage"]
+    assert usage["completion_tokens"] == 300
+    after = sum(1 for at, _ in lines if at > signalled)
+    assert after > 1, "the stream ended before the server saw the SIGTERM: nothing was drained"
+    assert code == 0 and not c.commands()
+    assert "Draining requests and shutting down" in c.output()
+
+
+@pytest.mark.boots
+@pytest.mark.xdist_group("real_sglang")
+def test_the_api_key_is_in_no_command_line_or_log_and_the_server_requires_it(ready: RealContainer) -> None:
+    assert call(ready, "/v1/models")[0] == 401
+    assert call(ready, "/v1/models", key="wrong-key-0123456789")[0] == 401
+    status, models = call(ready, "/v1/models", key=KEY)
+    assert status == 200 and models["data"][0]["id"] == "glm-5"
+    commands = ready.commands()
+    assert any("sglang.launch_server" in c for c in commands), commands
+    assert not [c for c in commands if KEY in c]
+    assert KEY not in ready.output() and KEY not in ready.entrypoint_output.read_text()
+
+
+def sample_names(text: str) -> dict[str, list[dict[str, str]]]:
+    names: dict[str, list[dict[str, str]]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            names.setdefault(s.name, []).append(s.labels)
+    return names
+
+
+@pytest.mark.boots
+@pytest.mark.xdist_group("real_sglang")
+def test_the_series_the_alerts_dashboard_and_keda_use_are_on_the_real_metrics(ready: RealContainer) -> None:
+    status, answer = call(ready, "/v1/chat/completions", chat(8), key=KEY)  # a decode, whatever came before
+    assert status == 200 and answer["usage"]["completion_tokens"] == 8
+    status, streamed = call(ready, "/v1/chat/completions", chat(8, stream=True), key=KEY)
+    assert status == 200 and streamed.endswith("data: [DONE]\n\n")  # inter-token latency is a stream's
+    status, text = call(ready, "/metrics")
+    assert status == 200
+    exposed = sample_names(text)
+    names = {base_name(n) for n in exposed} | set(exposed)
+    used = used_series()["sglang:"]
+    missing = sorted(n for n in used - names if n not in AFTER_AN_EVENT)
+    assert not missing, f"the kit uses series the real server does not export: {missing}"
+    assert not set(AFTER_AN_EVENT) & names, "now exported before its event: move it out of AFTER_AN_EVENT"
+    modes = {labels.get("mode") for labels in exposed["sglang:cuda_graph_passes_total"]}
+    assert "decode_none" in modes, modes  # GLM5DecodeWithoutCudaGraphs divides by the decode_* modes
+
+
+# --- the healthcheck and the exporter on the real log and /metrics -----------------------------------------------
+
+
+@pytest.mark.boots
+@pytest.mark.xdist_group("real_sglang")
+def test_the_healthcheck_reads_the_real_start_ready_with_its_capacity(ready: RealContainer) -> None:
+    code, found = healthcheck_json(ready.target.env)
+    assert code == 0 and found["phase"] == "ready", found
+    assert found["capacity"]["max_total_num_tokens"] == 4096, found
+    assert found["capacity"]["context_len"] == 4096 and found["capacity"]["available_gpu_mem_gb"] > 0
+
+
+@pytest.mark.boots
+@pytest.mark.xdist_group("real_sglang")
+def test_the_exporter_reports_the_real_start_ready_with_its_capacity(ready: RealContainer) -> None:
+    samples = exporter_samples(ready.exporter_port)
+    assert samples['glm5_start_phase{phase="ready"}'] == 1
+    assert samples["glm5_server_alive{}"] == 1
+    assert samples["glm5_capacity_max_running_requests{}"] > 0
+    assert samples["glm5_capacity_available_gpu_memory_bytes{}"] > 0
+
+
+def test_the_capacity_line_the_cpu_scheduler_prints_is_read() -> None:
+    """SGLang 0.5.23's scheduler on the CPU names the memory left available_cpu_mem (scheduler.py:1274): the line
+    as a real CPU start printed it (--max-total-tokens 4096, --chunked-prefill-size left at its default)."""
+    line = (
+        b"[2026-12-03 09:07:28] max_total_num_tokens=4096, chunked_prefill_size=4096, max_prefill_tokens=16384, "
+        b"max_running_requests=2048, context_len=4096, available_cpu_mem=21.51 GB\n"
+    )
+    assert logscan.scan(line).capacity == {
+        "max_total_num_tokens": 4096,
+        "chunked_prefill_size": 4096,
+        "max_prefill_tokens": 16384,
+        "max_running_requests": 2048,
+        "context_len": 4096,
+        "available_gpu_mem_gb": 21.51,
+    }
