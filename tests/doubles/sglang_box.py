@@ -69,11 +69,13 @@ class Pool:
     def admit(self, tokens: int) -> None:
         """Wait in the queue until `tokens` fit, then hold them and log the prefill batch."""
         need = min(tokens, self.capacity)
+        queued = time.monotonic()
         with self.cond:
             self.waiting += 1
             while self.used + need > self.capacity:
                 self.cond.wait()
             self.waiting -= 1
+            self.record_wait(time.monotonic() - queued)
             self.used += need
             self.running += 1
             self.log(
@@ -84,6 +86,15 @@ class Pool:
                 0,
             )
         time.sleep(tokens / PREFILL_RATE * SCALE)
+
+    def record_wait(self, seconds: float) -> None:
+        """The longest wall time a request waited in the server's queue for room in the pool, to
+        SGLANG_DOUBLE_STATE/kv-wait-seconds (the gateway's admission should keep it under its queue timeout)."""
+        self.longest_wait = max(getattr(self, "longest_wait", 0.0), seconds)
+        folder = os.environ.get("SGLANG_DOUBLE_STATE")
+        if folder:
+            with open(os.path.join(folder, "kv-wait-seconds"), "w") as out:
+                out.write(f"{self.longest_wait:.3f}")
 
     def release(self, tokens: int) -> None:
         with self.cond:
