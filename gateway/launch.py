@@ -10,7 +10,10 @@ The flags come from entrypoint/glm5.toml's [gateway] (policy, worker health chec
 readiness rule, ports), then admission sized from the replicas (per replica what its KV pool holds of [gateway].context_tokens,
 configuration/admission.py: the pool is each listed replica's own max_total_num_tokens from its /ready, else
 [gateway].kv_tokens; at most its largest captured decode batch; times the replicas: FILE's workers, or --replicas, else
-[gateway].replicas; a queue as long again; smg takes it at launch, so restart the gateway when the replicas change),
+[gateway].replicas; a queue as long again; smg takes it at launch, so restart the gateway when the replicas change:
+smg stops listening 5 s after SIGTERM and finishes the answers in flight for up to [gateway].shutdown_grace_seconds,
+so none is cut, while a lone compose gateway refuses new connections until they end; Kubernetes sizes for
+--replicas, the autoscaling overlay's most, and needs no relaunch),
 then the discovery, then any SMG-FLAGS; smg's own parser (smg.launch_router.
 parse_router_args) checks them all. The key, GLM5_API_KEY or GLM5_API_KEY_FILE as for the replicas, is added
 to the parsed arguments inside this process and smg is run from Python (smg.launch_router.launch_router), so it
