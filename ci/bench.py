@@ -7,6 +7,9 @@
 Default workload (the known baseline's): 1024 concurrent requests, random token prompts of 1024 tokens
 in and 1024 out (random-ids, so no dataset download), 4096 prompts. Each run is written to
 RUN.json in --out; a sweep also writes sweep.md (table) and sweep.png (plot) against the baseline.
+Each run also says how many requests of the workload's lengths (input + output tokens) the server's KV pool holds at
+once ("kv": max_total_num_tokens from the server's own sizes line, as the kit's exporter /ready reports it): a
+variant that holds fewer than the concurrency is KV-bound, the rest queue inside SGLang.
 Exit codes (common/report.py): 0 ok, 1 a benchmark or a variant failed, 2 bad usage or sweep file,
 3 an invalid setting. The URL, port and API key follow ci/readiness.py.
 """
@@ -22,7 +25,10 @@ import shlex
 import subprocess
 import sys
 import tomllib
+import urllib.error
+import urllib.parse
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +43,7 @@ except ImportError:
 
 from ci import readiness
 from common.report import INVALID_SETTING, SERVER_EXISTS, USAGE, Log, Problems
-from configuration import settings, state
+from configuration import admission, settings, state
 
 ROOT = readiness.ROOT
 BASELINE_TOK_S = 3028.0  # output tok/s, GLM-5-NVFP4 on 8x RTX PRO 6000 at 1024 concurrency
@@ -236,6 +242,38 @@ def run_bench_locally(args: argparse.Namespace, w: Workload, model: str) -> str:
     return read_text(output)
 
 
+def exporter_ready(args: argparse.Namespace, target: readiness.Target | None) -> str:
+    """The kit's exporter /ready beside the benchmarked server: its port from the target's settings."""
+    if isinstance(target, readiness.Local):
+        port = settings.resolve(target.env)["exporter_port"]
+    else:
+        port = settings.resolve(settings.host_environment(os.environ, ROOT), where="ci")["exporter_port"]
+    host = urllib.parse.urlsplit(args.conn.url).hostname or "127.0.0.1"
+    return f"http://{host}:{port}/ready"
+
+
+def pool_tokens(url: str) -> float | None:
+    """max_total_num_tokens from the server's sizes line, as the exporter's /ready reports it (its body also on 503)."""
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            body = json.loads(r.read())
+    except urllib.error.HTTPError as err:
+        body = json.loads(err.read() or b"{}")
+    except (OSError, ValueError):
+        return None
+    capacity = body.get("capacity") if isinstance(body, dict) else None
+    found = capacity.get("max_total_num_tokens") if isinstance(capacity, dict) else None
+    return float(found) if found else None
+
+
+def kv_report(pool: float | None, w: Workload) -> dict[str, Any]:
+    """How many requests of the workload's lengths the KV pool holds at once, against the concurrency offered."""
+    if pool is None:
+        return {"max_total_num_tokens": None, "requests_held": None, "kv_bound": None}
+    held = admission.kv_requests(pool, w.input_len + w.output_len)
+    return {"max_total_num_tokens": int(pool), "requests_held": held, "kv_bound": held < w.concurrency}
+
+
 def record_run(
     args: argparse.Namespace,
     label: str,
@@ -255,6 +293,7 @@ def record_run(
         "result": result,
         "error": error,
         "vs_baseline": round(result["output_throughput"] / args.baseline, 3) if result else None,
+        "kv": kv_report(pool_tokens(exporter_ready(args, target)), w),
     } | found
     (args.out / f"{label}.json").write_text(json.dumps(run, indent=2) + "\n")
     return run
@@ -263,21 +302,30 @@ def record_run(
 def table(runs: list[dict[str, Any]], baseline: float) -> str:
     head = f"Baseline: {baseline:,.0f} output tok/s (GLM-5-NVFP4, 8x RTX PRO 6000, 1024 concurrent).\n\n"
     rows = [
-        "| variant | output tok/s | vs baseline | req/s | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) | status |",
-        "|---|---:|---:|---:|---:|---:|---|",
+        "| variant | output tok/s | vs baseline | req/s | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) | status | KV pool holds |",
+        "|---|---:|---:|---:|---:|---:|---|---|",
     ]
     for run in runs:
         r = run["result"]
         if r is None:
             rows.append(
-                f"| {run['label']} | - | - | - | - | - | failed: {str(run['error']).splitlines()[0][:120]} |"
+                f"| {run['label']} | - | - | - | - | - | failed: {str(run['error']).splitlines()[0][:120]} | {held(run)} |"
             )
             continue
         rows.append(
             f"| {run['label']} | {r['output_throughput']:,.0f} | {r['output_throughput'] / baseline:.2f}x | {r['request_throughput']:.2f} | "
-            f"{r['median_ttft_ms']:,.0f} / {r['p99_ttft_ms']:,.0f} | {r['median_itl_ms']:.1f} / {r['p99_itl_ms']:.1f} | ok |"
+            f"{r['median_ttft_ms']:,.0f} / {r['p99_ttft_ms']:,.0f} | {r['median_itl_ms']:.1f} / {r['p99_itl_ms']:.1f} | ok | {held(run)} |"
         )
     return head + "\n".join(rows) + "\n"
+
+
+def held(run: Mapping[str, Any]) -> str:
+    """The KV column: requests of the workload's lengths the pool holds, of the concurrency; KV-bound when fewer."""
+    kv, w = run.get("kv") or {}, run.get("workload") or {}
+    if not kv.get("requests_held"):
+        return "unknown (no sizes line)"
+    verdict = " (KV-bound)" if kv.get("kv_bound") else ""
+    return f"{kv['requests_held']:,} of {w.get('concurrency', '?')}{verdict}, pool {kv['max_total_num_tokens']:,} tokens"
 
 
 def plot(runs: list[dict[str, Any]], baseline: float, path: Path) -> str:

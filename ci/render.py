@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from common.report import EXIT_CODES, FAILED, FAILURE_KINDS, OK, Log, Problems
-from configuration import config, settings
+from configuration import admission, config, settings
 from configuration.batch_sizes import effective_decode_max_bs
 from healthcheck.verdict import Phase
 from kernels import modules as kernel_modules
@@ -129,13 +129,18 @@ def values(cfg: Mapping[str, Any]) -> dict[str, Any]:
             v[f"gateway_{key}"] = value
     for key, value in cfg["autoscaling"].items():
         v[f"autoscaling_{key}"] = value
-    # A replica's capacity, as the gateway's admission counts it; KEDA's threshold is that share of it.
+    # A replica's largest captured decode batch (what it runs at once), and its capacity as the gateway's admission
+    # counts it (what its KV pool holds of [gateway].context_tokens, at most that batch); KEDA's threshold is that
+    # share of the admitted capacity.
     v["autoscaling_capacity"] = effective_decode_max_bs(
         defaults["cuda_graph_max_bs_decode"],
         defaults["speculative"] != "off",
         defaults["max_running_requests"],
     )
-    v["autoscaling_threshold"] = math.floor(v["autoscaling_capacity"] * v["autoscaling_target_utilization"])
+    v["autoscaling_admitted"] = admission.per_replica(
+        v["autoscaling_capacity"], v["gateway_kv_tokens"], v["gateway_context_tokens"]
+    )
+    v["autoscaling_threshold"] = math.floor(v["autoscaling_admitted"] * v["autoscaling_target_utilization"])
     # smg keeps listening min(grace / 2, 5 s) after SIGTERM (for load balancers to notice), then drains the rest.
     v["gateway_stop_grace_seconds"] = v["gateway_shutdown_grace_seconds"] + 5 + v["stop_margin_seconds"]
     problems = [
@@ -155,6 +160,7 @@ def values(cfg: Mapping[str, Any]) -> dict[str, Any]:
             f"= {v['health_timeout_seconds']} and GLM5_HEALTH_TIMEOUT's max {longest} (the probe waits that long for /health)"
         )
     problems += autoscaling_problems(v)
+    problems += admission.drift(cfg)
     if problems:
         raise RenderError("entrypoint/glm5.toml: " + "; ".join(problems))
     return v

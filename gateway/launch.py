@@ -8,8 +8,14 @@
     gateway/launch ... --dry-run                                print smg's arguments (the key redacted), start nothing
 
 The flags come from entrypoint/glm5.toml's [gateway] (policy, worker health checks that follow the replicas'
-readiness rule, ports), then admission sized from the replicas (each replica's largest captured decode batch, times
-the replicas: FILE's workers, or --replicas, else [gateway].replicas; a queue as long again), then the discovery, then any SMG-FLAGS; smg's own parser (smg.launch_router.
+readiness rule, ports), then admission sized from the replicas (per replica what its KV pool holds of [gateway].context_tokens,
+configuration/admission.py: the pool is each listed replica's own max_total_num_tokens from its /ready, else
+[gateway].kv_tokens; at most its largest captured decode batch; times the replicas: FILE's workers, or --replicas, else
+[gateway].replicas; a queue as long again; smg takes it at launch, so restart the gateway when the replicas change:
+smg stops listening 5 s after SIGTERM and finishes the answers in flight for up to [gateway].shutdown_grace_seconds,
+so none is cut, while a lone compose gateway refuses new connections until they end; Kubernetes sizes for
+--replicas, the autoscaling overlay's most, and needs no relaunch),
+then the discovery, then any SMG-FLAGS; smg's own parser (smg.launch_router.
 parse_router_args) checks them all. The key, GLM5_API_KEY or GLM5_API_KEY_FILE as for the replicas, is added
 to the parsed arguments inside this process and smg is run from Python (smg.launch_router.launch_router), so it
 is in no argv (ps, /proc/PID/cmdline, the pod spec). smg checks it on /v1/* and forwards the client's own
@@ -23,9 +29,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
 import os
 import shlex
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -33,20 +42,43 @@ from typing import Any
 from prometheus_client import CollectorRegistry, start_http_server
 
 from common.report import INVALID_SETTING, USAGE, Log, Problems
+from configuration import admission as kv
 from configuration import settings
 from configuration.batch_sizes import effective_decode_max_bs
-from gateway.rotation import Rotation, pods, read_workers
+from gateway.rotation import Rotation, Worker, pods, read_workers, ready_url
 
 LOG = Log("gateway")
 
 
-def admission(values: Mapping[str, Any], replicas: int, gateways: int = 1) -> list[str]:
+def pool_tokens(workers: list[Worker], exporter_port: int) -> float | None:
+    """The smallest KV pool the listed replicas report (max_total_num_tokens in their /ready's capacity), or None
+    when none can say yet."""
+    found = []
+    for worker in workers:
+        try:
+            with urllib.request.urlopen(ready_url(worker, exporter_port), timeout=3) as r:
+                body = json.loads(r.read())
+        except urllib.error.HTTPError as err:  # 503 before ready: its body still holds what the log said
+            body = json.loads(err.read() or b"{}")
+        except (OSError, ValueError):
+            continue
+        capacity = body.get("capacity") if isinstance(body, dict) else None
+        if isinstance(capacity, dict) and capacity.get("max_total_num_tokens"):
+            found.append(float(capacity["max_total_num_tokens"]))
+    return min(found) if found else None
+
+
+def admission(
+    values: Mapping[str, Any], replicas: int, gateways: int = 1, pool: float | None = None
+) -> list[str]:
     """Bounded concurrency and queue for `replicas` replicas, shared by `gateways` gateways (smg bounds each process
-    alone; glm5.toml [gateway] says why these sizes), and the routing that keeps each replica near its capacity."""
+    alone; glm5.toml [gateway] says why these sizes), and the routing that keeps each replica near its capacity.
+    `pool`: a replica's KV pool in tokens, as its server said (else [gateway].kv_tokens)."""
     gw = settings.load_config()["gateway"]
-    per_replica = effective_decode_max_bs(
+    graphs = effective_decode_max_bs(
         values["cuda_graph_max_bs_decode"], values["speculative"] != "off", values["max_running_requests"]
     )
+    per_replica = kv.per_replica(graphs, pool or gw["kv_tokens"], gw["context_tokens"])
     bound = max(1, max(1, replicas) * per_replica // max(1, gateways))
     # cache_aware keeps a shared prefix on one replica until its load passes the fleet's mean by the spill margin
     # (smg's default: 64 requests and 1.5 times the mean): at saturation, where the mean is a replica's capacity, one
@@ -60,7 +92,7 @@ def admission(values: Mapping[str, Any], replicas: int, gateways: int = 1) -> li
     return ["--max-concurrent-requests", str(bound), "--queue-size", str(bound),
             "--queue-timeout-secs", str(gw["queue_timeout_seconds"]),
             "--balance-abs-threshold", str(spill), "--balance-rel-threshold", "1.1",
-            "--disable-worker-overload-protection",
+            "--disable-worker-overload-protection", "--request-timeout-secs", str(gw["request_timeout_seconds"]),
             "--shutdown-grace-period-secs", str(gw["shutdown_grace_seconds"])]  # fmt: skip
 
 
@@ -72,7 +104,7 @@ def smg_argv(values: Mapping[str, Any], args: argparse.Namespace) -> list[str]:
     argv += [str(f).format(**values) for f in gw["flags"]]
     if args.discovery_file:
         listed = read_workers(Path(args.discovery_file)) or []
-        argv += admission(values, len(listed))
+        argv += admission(values, len(listed), pool=pool_tokens(listed, int(values["exporter_port"])))
         argv += ["--discovery-provider", "file", "--discovery-file", args.rotation_file]
     elif args.kubernetes:
         argv += admission(values, args.replicas or int(gw["replicas"]), int(gw["gateways"]))

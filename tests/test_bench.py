@@ -245,3 +245,16 @@ def test_sweep_end_to_end_with_a_variant_that_never_becomes_healthy(tmp_path: Pa
     )
     assert json.loads((out / "mem-0.85.json").read_text())["configuration"]["argv"].count("0.85") == 1
     assert (out / "sweep.png").stat().st_size > 10_000
+
+
+def test_the_report_says_how_many_requests_of_the_workload_the_kv_pool_holds() -> None:
+    """From the server's own max_total_num_tokens: 412,160 tokens hold 201 requests of 1k in + 1k out, short of the
+    1,024 the default workload offers (KV-bound); a pool that holds them all is not."""
+    w = bench.Workload()
+    tight = bench.kv_report(412160, w)
+    assert tight == {"max_total_num_tokens": 412160, "requests_held": 201, "kv_bound": True}
+    assert bench.kv_report(4_200_000, w)["kv_bound"] is False
+    assert bench.kv_report(None, w)["requests_held"] is None
+    run = fake_run("baked", 3100.0) | {"kv": tight, "workload": {"concurrency": 1024}}
+    assert "| ok | 201 of 1024 (KV-bound), pool 412,160 tokens |" in bench.table([run], 3028)
+    assert "| unknown (no sizes line) |" in bench.table([fake_run("baked", 3100.0)], 3028)

@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import pytest
 import yaml
 
 from ci import render
+from configuration import admission
 from conftest import ROOT
 
 RENDER = ROOT / "ci" / "render"
@@ -164,12 +166,12 @@ def test_readme_prose_is_not_the_renderers(tmp_path: Path) -> None:
 def test_derived_values_are_computed(tmp_path: Path) -> None:
     root, c, p = rendered_with(
         tmp_path,
-        ("drain_seconds = 120", "drain_seconds = 300"),
+        ("drain_seconds = 1800", "drain_seconds = 3000"),
         ("startup_budget_seconds = 2400", "startup_budget_seconds = 3005"),
         ("start_seconds = 2400", "start_seconds = 3005"),
     )
-    assert c["stop_grace_period"] == "330s"  # drain + the 30 s margin
-    assert p["spec"]["terminationGracePeriodSeconds"] == 345  # preStop 15 + stop grace
+    assert c["stop_grace_period"] == "3030s"  # drain + the 30 s margin
+    assert p["spec"]["terminationGracePeriodSeconds"] == 3045  # preStop 15 + stop grace
     assert c["healthcheck"]["start_period"] == "3005s"
     assert "--start-period=3005s" in (root / "Dockerfile").read_text()
 
@@ -305,7 +307,7 @@ def patch_files(root: Path) -> set[Path]:
 def test_a_value_changes_with_the_system_python_alone(tmp_path: Path) -> None:
     """No site-packages at all (-S): ci/render still checks and rewrites; the dashboard is ci/render-dashboard's."""
     root = kit_copy(tmp_path)
-    set_source(root, "drain_seconds = 120", "drain_seconds = 200")
+    set_source(root, "drain_seconds = 1800", "drain_seconds = 2000")
     python = Path(sys.base_prefix) / "bin" / "python3"
 
     def bare(*args: str) -> subprocess.CompletedProcess[str]:
@@ -317,7 +319,7 @@ def test_a_value_changes_with_the_system_python_alone(tmp_path: Path) -> None:
     stale = bare("--check")
     assert stale.returncode == 1 and "stale: docker-compose.yml" in stale.stderr, stale.stderr
     assert bare().returncode == 0 and bare("--check").returncode == 0
-    assert compose(root)["stop_grace_period"] == "230s"
+    assert compose(root)["stop_grace_period"] == "2030s"
 
 
 def test_the_image_folders_and_user_written_by_hand_match_glm5_toml() -> None:
@@ -384,3 +386,36 @@ def test_autoscaling_bounds_the_hpa_refuses_are_refused_by_the_render(
     set_source(root, source, bad)
     done = run_render(root)
     assert done.returncode == 1 and said in done.stderr and bad.split(" = ")[0] in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "said"),
+    [
+        (
+            "drain_seconds = 1800",
+            "drain_seconds = 120",
+            "drain_seconds = 120 is under [gateway] request_timeout_seconds",
+        ),
+        (
+            "shutdown_grace_seconds = 1800",
+            "shutdown_grace_seconds = 120",
+            "shutdown_grace_seconds = 120 is under",
+        ),
+        (
+            "request_timeout_seconds = 1800",
+            "request_timeout_seconds = 3600",
+            "request_timeout_seconds = 3600",
+        ),
+    ],
+)
+def test_the_drain_covers_the_longest_answer_the_gateway_admits(
+    tmp_path: Path, old: str, new: str, said: str
+) -> None:
+    """A replica's drain and a gateway's own both last at least smg's request timeout, the longest answer it lets run:
+    a replacement cuts no answer. Bounds that drift apart are refused, naming the fix."""
+    config_now = tomllib.loads((ROOT / "entrypoint" / "glm5.toml").read_text())
+    assert not admission.drift(config_now)
+    root = kit_copy(tmp_path)
+    set_source(root, old, new)
+    done = run_render(root)
+    assert done.returncode == 1 and said in done.stderr, done.stderr

@@ -106,18 +106,26 @@ def test_a_replica_is_ready_only_when_its_exporter_answers_200(exporter: str) ->
 
 
 def test_admission_is_sized_from_the_replicas_capacity() -> None:
-    def flags(replicas: int, **env: str) -> dict[str, str]:
-        argv = launch.admission(settings.resolve(env), replicas)
+    def flags(replicas: int, pool: float | None = None, **env: str) -> dict[str, str]:
+        argv = launch.admission(settings.resolve(env), replicas, pool=pool)
         return {k: (argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else "")
                 for i, k in enumerate(argv) if k.startswith("--")}  # fmt: skip
 
     gw = settings.load_config()["gateway"]
-    default = flags(2)  # 512 per replica: the largest captured decode batch
-    assert default["--max-concurrent-requests"] == default["--queue-size"] == "1024"
+    # No server has said its pool: [gateway].kv_tokens (412,160) holds 25 requests of context_tokens (16,384) each.
+    default = flags(2)
+    assert default["--max-concurrent-requests"] == default["--queue-size"] == "50"
     assert default["--queue-timeout-secs"] == str(gw["queue_timeout_seconds"])
-    assert default["--balance-abs-threshold"] == "8" and "--disable-worker-overload-protection" in default
+    assert default["--balance-abs-threshold"] == "1" and "--disable-worker-overload-protection" in default
+    assert default["--request-timeout-secs"] == str(gw["request_timeout_seconds"])
+    # The server's own max_total_num_tokens: a pool of 8.4 M tokens holds 512 of 16k, the captured graphs' bound.
+    big = flags(2, pool=8_400_000)
+    assert big["--max-concurrent-requests"] == "1024" and big["--balance-abs-threshold"] == "8"
+    assert (
+        flags(1, pool=1_638_400)["--max-concurrent-requests"] == "100"
+    )  # the pool, not the graphs, bounds it
     capped = flags(
-        3, GLM5_MAX_RUNNING_REQUESTS="64"
+        3, pool=8_400_000, GLM5_MAX_RUNNING_REQUESTS="64"
     )  # a cap on running requests caps the graphs and the bound
     assert capped["--max-concurrent-requests"] == "192" and capped["--balance-abs-threshold"] == "1"
 

@@ -251,8 +251,8 @@ def test_extra_args_cannot_reach_an_owned_or_secret_flag_by_a_prefix(extra: str,
 
 def test_a_drain_above_the_rendered_grace_is_refused() -> None:
     """compose and the pod are rendered with grace for glm5.toml's drain: a longer one would be killed mid-drain."""
-    found = problems_of({"GLM5_DRAIN_SECONDS": "600"})
-    assert found == ["GLM5_DRAIN_SECONDS: '600' is out of range; fix: use a value in 0..120"]
+    found = problems_of({"GLM5_DRAIN_SECONDS": "6000"})
+    assert found == ["GLM5_DRAIN_SECONDS: '6000' is out of range; fix: use a value in 0..1800"]
     assert config.resolve({"GLM5_DRAIN_SECONDS": "30"}).values["drain_seconds"] == 30
 
 

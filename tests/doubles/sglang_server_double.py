@@ -14,7 +14,10 @@ chunk), empty-text, wrong-answer, wrong-model, no-tools, no-reasoning, crash-onc
 ready the scheduler runs forward steps of SGLANG_DOUBLE_STEP seconds, default 3: a long chunked prefill),
 stuck (SGLANG_DOUBLE_STUCK_AFTER seconds after ready the scheduler's step never ends: a hung NCCL
 collective), hang-loading (the log stops
-during weight loading, the process lives).
+during weight loading, the process lives), box (the box's figures, tests/doubles/sglang_box.py: a KV pool in tokens
+that holds each running request's prompt and answer, the rest queued in the server; a per-stream decode rate falling
+with concurrency; chat answers with SGLANG_DOUBLE_ANSWER_TOKENS of thinking; `Prefill batch` and `Decode batch` log
+lines; all under SGLANG_DOUBLE_TIME_SCALE).
 
 It answers questions by reading them, as a model would and without the kit's generator: a capital from its own
 table, arithmetic by computing it, a code planted in a long context by finding it, JSON sums and products, a time
@@ -68,6 +71,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import sglang_box
 from sglang_metrics_double import Metrics
 from sglang_rules import decode_batch_sizes as decode_sizes
 from sglang_rules import prefill_token_sizes as prefill_sizes
@@ -93,6 +97,7 @@ METRICS: list[
     Metrics
 ] = []  # made at the first request or scrape, once the model name is known (tests/doubles/sglang_metrics_double.py)
 SCHEDULERS: list[subprocess.Popen[bytes]] = []
+BOX: list[sglang_box.Pool] = []  # mode box: the KV pool, made once the captured decode batches are known
 
 
 def stamp(rank: int | None = None) -> str:
@@ -360,11 +365,17 @@ class Handler(BaseHTTPRequestHandler):
         running(+1)
         before = (STATE["prompt_tokens"], STATE["generation_tokens"])
         self.began, self.last_token, self.streaming = self.metrics().begin(), None, False
+        held = 0
         try:
             with RUNNING:  # SGLang's scheduler runs max_running_requests at once; the rest wait in its queue
+                if BOX:  # and only what its KV pool holds (the rest wait in the same queue)
+                    held = self.box_tokens()
+                    BOX[0].admit(held)
                 time.sleep(SERVE_SECONDS)
                 self.post()
         finally:
+            if held:
+                BOX[0].release(held)
             running(-1)
             IN_FLIGHT.discard(rid)
             if self.last_token is None:  # not streamed: the whole answer is the first token
@@ -372,8 +383,27 @@ class Handler(BaseHTTPRequestHandler):
             prompt, generated = STATE["prompt_tokens"] - before[0], STATE["generation_tokens"] - before[1]
             self.metrics().end(self.began, prompt, generated, self.streaming)
 
+    def read_body(self) -> dict[str, Any]:
+        if not hasattr(self, "body"):
+            self.body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        return dict(self.body)
+
+    def answer_tokens(self) -> int:
+        """Mode box: the thinking a chat answer streams, cut at the request's max_tokens."""
+        body = self.read_body()
+        if self.path.split("?")[0] != "/v1/chat/completions":
+            return 0
+        cap = body.get("max_completion_tokens") or body.get("max_tokens") or sglang_box.ANSWER_TOKENS
+        return max(0, min(int(cap), sglang_box.ANSWER_TOKENS))
+
+    def box_tokens(self) -> int:
+        """Mode box: the KV tokens a request holds while it runs, its prompt and its answer."""
+        body = self.read_body()
+        prompt = json.dumps(body.get("messages") or body.get("prompt") or body.get("text") or "")
+        return sglang_box.prompt_tokens(prompt) + self.answer_tokens()
+
     def post(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        body = self.read_body()
         STATE["requests"] += 1
         path = self.path.split("?")[0]
         if path == "/v1/chat/completions":
@@ -460,6 +490,12 @@ class Handler(BaseHTTPRequestHandler):
             message["content"] = f"<think>{reasoning}</think>{text}"
         elif reasoning:
             message["reasoning_content"] = reasoning
+        thinking_tokens = self.answer_tokens() if BOX else 0
+        if thinking_tokens and not body.get("stream"):  # the whole answer is decoded before it is sent
+            message["reasoning_content"] = " ".join(
+                "think" for step in BOX[0].decode(thinking_tokens) for _ in range(step)
+            )
+            STATE["generation_tokens"] += thinking_tokens
         if body.get("stream"):
             chunks = [
                 {
@@ -468,6 +504,8 @@ class Handler(BaseHTTPRequestHandler):
                     ]
                 }
             ]
+            if thinking_tokens:
+                self.stream_thinking(thinking_tokens)
             if message.get("reasoning_content"):
                 chunks.append(
                     {
@@ -520,11 +558,30 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self.send_json(200, {"text": text, "meta_info": meta})
 
-    def stream(self, chunks: list[dict[str, Any]], kind: str) -> None:
+    def stream_thinking(self, tokens: int) -> None:
+        """Mode box: the thinking streamed as the decode makes it, before stream() sends the answer."""
+        self.start_stream()
+        for step in BOX[0].decode(tokens):
+            delta = {"reasoning_content": " think" * step}
+            chunk = {"object": "chat.completion.chunk", "model": self.model_name(),
+                     "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}  # fmt: skip
+            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            self.wfile.flush()
+            self.streaming = True
+            self.last_token = self.metrics().token(self.began, self.last_token, True)
+            STATE["generation_tokens"] += step
+
+    def start_stream(self) -> None:
+        if getattr(self, "stream_started", False):
+            return
+        self.stream_started = True
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
         self.end_headers()
+
+    def stream(self, chunks: list[dict[str, Any]], kind: str) -> None:
+        self.start_stream()
         ident = f"{kind}-{uuid.uuid4().hex}"
         for chunk in chunks:
             if kind != "gen":
@@ -639,6 +696,8 @@ def main() -> None:
     child = subprocess.Popen([sys.executable, __file__, "--scheduler-child"])
     SCHEDULERS.append(child)
     startup(args)  # loading and capture: SIGTERM's default action ends the process here
+    if "box" in MODES:
+        BOX.append(sglang_box.Pool(CAPACITY_TOKENS, args.cuda_graph_max_bs_decode or 512, log))
     Handler.args = args
     server = Server((args.host, args.port), Handler)
 

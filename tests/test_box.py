@@ -1,0 +1,150 @@
+"""The kit's reliability claims in the box's world (the server double's mode box, tests/doubles/sglang_box.py: a KV
+pool in tokens, decode rates falling with concurrency, answers of thousands of tokens), behind the real smg started
+by gateway/launch, each replica the kit's own container start. Time runs SCALE times the box's: the kit's bounds are
+set by the same factor (GLM5_DRAIN_SECONDS, smg's flags after `--`)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+import tomllib
+import urllib.error
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from helpers.container import Container, start
+from helpers.gateway import KEY, Gateway
+from test_rollout import in_rotation, p99, two_replicas, wait_for
+
+pytestmark = [pytest.mark.boots, pytest.mark.xdist_group("rollout")]  # one at a time: they time requests
+
+CONFIG = tomllib.loads((ROOT / "entrypoint" / "glm5.toml").read_text())
+
+
+def stream(url: str, prompt: str, max_tokens: int, timeout: float = 60) -> tuple[int, bool, float]:
+    """One streamed chat: its status, whether it ended as SGLang ends a whole answer ([DONE] after a finish), seconds."""
+    body = {"model": "glm-5", "max_tokens": max_tokens, "stream": True,
+            "messages": [{"role": "user", "content": prompt}]}  # fmt: skip
+    request = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(), method="POST")
+    request.add_header("Content-Type", "application/json")
+    request.add_header("Authorization", f"Bearer {KEY}")
+    began = time.monotonic()
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as r:
+            lines = [line.strip() for line in r]
+            finished = any(b'"finish_reason": "stop"' in line for line in lines)
+            return r.status, finished and lines[-2:].count(b"data: [DONE]") == 1, time.monotonic() - began
+    except urllib.error.HTTPError as err:
+        err.read()
+        return err.code, False, time.monotonic() - began
+    except OSError:
+        return 0, False, time.monotonic() - began
+
+
+def test_a_rolling_replacement_cuts_no_answer_longer_than_yesterdays_drain(
+    tmp_path: Path, containers: list[Container]
+) -> None:
+    """Streamed answers of 6,000 tokens (about 150 s of the box at 8 streams a replica: past the 120 s drain bound the
+    kit had) through a replacement of each replica: the drain, glm5.toml's drain_seconds scaled, cuts none."""
+    scale = 0.01
+    drain = round(CONFIG["deployment"]["drain_seconds"] * scale)
+    timeout = round(CONFIG["gateway"]["request_timeout_seconds"] * scale)
+    env = {"GLM5_API_KEY": KEY, "GLM5_VERIFY": "off", "GLM5_DRAIN_SECONDS": str(drain),
+           "SGLANG_DOUBLE_TIME_SCALE": str(scale), "SGLANG_DOUBLE_ANSWER_TOKENS": "6000"}  # fmt: skip
+    replicas = two_replicas(tmp_path, containers, env | {"SGLANG_DOUBLE_MODE": "box"})
+    gw = Gateway(tmp_path, {f"glm5-{n}": c for n, c in replicas.items()},
+                 smg_flags=("--request-timeout-secs", str(timeout)))  # fmt: skip
+    results: list[tuple[int, bool, float]] = []
+    try:
+        gw.wait_healthy(2)
+        stop = threading.Event()
+
+        def client(i: int) -> None:
+            while not stop.is_set():
+                results.append(stream(gw.url, f"[client {i}] think it through: where is my parcel?", 6000))
+
+        clients = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+        for t in clients:
+            t.start()
+        time.sleep(1)
+        for name, old in replicas.items():  # one at a time, each with answers in flight
+            old.proc.send_signal(signal.SIGTERM)
+            assert old.proc.wait(timeout=drain + 20) == 0
+            (tmp_path / f"{name}2").mkdir()
+            new = start(
+                tmp_path / f"{name}2", "box", port=old.port, GLM5_EXPORTER_PORT=str(old.exporter_port), **env
+            )
+            containers.append(new)
+            wait_for(lambda new=new: in_rotation(gw, new), 90)
+            gw.wait_healthy(
+                2
+            )  # smg routes to it after its health checks pass, not when the rotation lists it
+        stop.set()
+        for t in clients:
+            t.join(timeout=drain + 30)
+    finally:
+        gw.stop()
+    cut = [r for r in results if not (r[0] == 200 and r[1])]
+    longest = max(s for _, _, s in results)
+    figures = (
+        f"{len(results)} answers, {len(cut)} cut ({Counter(s for s, _, _ in cut)}), longest {longest:.1f} s"
+    )
+    print(f"\nrolling replacement, box answers at scale {scale}, drain {drain} s: {figures}")
+    assert longest > 120 * scale, f"no answer outlasted the old 120 s bound: {figures}"
+    assert len(results) >= 8 and not cut, figures
+
+
+def test_four_times_the_kv_capacity_waits_in_the_gateway_not_in_the_server(
+    tmp_path: Path, containers: list[Container]
+) -> None:
+    """Requests of 4k then 16k tokens (prompt and answer), 4x what the replicas' KV pools admit: none waits inside a
+    server for room in its pool past the gateway's queue timeout, the rest get 429 at once or 503 at the timeout."""
+    scale, answer, queue_timeout = 0.05, 1000, 2
+    pool = 4 * CONFIG["gateway"]["context_tokens"]  # admission: 4 a replica, from the server's own sizes line
+    env = {"GLM5_API_KEY": KEY, "GLM5_VERIFY": "off", "SGLANG_DOUBLE_TIME_SCALE": str(scale),
+           "SGLANG_DOUBLE_ANSWER_TOKENS": str(answer), "SGLANG_DOUBLE_MAX_TOTAL_TOKENS": str(pool)}  # fmt: skip
+    replicas = two_replicas(tmp_path, containers, env | {"SGLANG_DOUBLE_MODE": "box"})
+    gw = Gateway(tmp_path, {f"glm5-{n}": c for n, c in replicas.items()},
+                 smg_flags=("--queue-timeout-secs", str(queue_timeout)))  # fmt: skip
+    try:
+        gw.wait_healthy(2)
+        assert "--max-concurrent-requests 8 --queue-size 8" in " ".join(gw.argv())
+        for context in (4096, 16384):
+            prompt = "word " * (
+                (context - answer) * 4 // 5 - 40
+            )  # about 4 characters a token (the double's rule)
+            results: list[tuple[int, bool, float]] = []
+            for _wave in range(2):
+                threads = [
+                    threading.Thread(target=lambda p=prompt, r=results: r.append(stream(gw.url, p, answer)))
+                    for _ in range(32)
+                ]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join(timeout=60)
+            check_overload(context, results, replicas, queue_timeout)
+    finally:
+        gw.stop()
+
+
+def check_overload(
+    context: int, results: list[tuple[int, bool, float]], replicas: dict[str, Container], queue_timeout: float
+) -> None:
+    statuses = Counter(s for s, _, _ in results)
+    waited = {n: float((c.tmp / "kv-wait-seconds").read_text()) for n, c in replicas.items()}
+    figures = f"{len(results)} requests, {statuses}, p99 {p99([s for _, _, s in results]):.2f} s, longest wait in a server so far {waited}"
+    print(f"\nKV overload at {context} tokens: {figures}")
+    assert set(statuses) <= {200, 429, 503} and statuses[200] >= 16, figures
+    for status, _, seconds in results:
+        if status == 429:
+            assert seconds < 1.5, figures
+        elif status == 503:
+            assert seconds < queue_timeout + 1.5, figures
+    assert all(w < queue_timeout for w in waited.values()), figures
