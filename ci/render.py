@@ -44,7 +44,6 @@ MARKED = (
     "k8s/base/kustomization.yaml",
     "k8s/base/statefulset.yaml",
     "k8s/base/service.yaml",
-    "k8s/base/job-weights.yaml",
     "k8s/base/networkpolicy.yaml",
     "k8s/components/image/kustomization.yaml",
     "k8s/overlays/gateway/kustomization.yaml",
@@ -82,6 +81,10 @@ BLOCKS = {
     INTERNALS: ("kernels",),
 }
 DOCUMENTS = tuple(BLOCKS)
+IMAGE_COMPONENT = "k8s/components/image/kustomization.yaml"
+# A container's `image:` in a Kubernetes file, and the component's `images:` entry (name, newName, newTag).
+CONTAINER_IMAGE = re.compile(r"^\s*(?:-\s+)?image:\s*[\"']?([^\s\"'#]+)", re.M)
+IMAGE_ENTRY = re.compile(r"^\s*(?:-\s+)?(name|newName|newTag):\s*[\"']?([^\s\"'#]+)", re.M)
 FIGURES = "ci/figures.toml"  # measured figures, rendered into the README's figures table
 LOG = Log("ci/render")
 MARKER = "# ci/render: "
@@ -375,6 +378,39 @@ def readme_blocks(cfg: Mapping[str, Any]) -> dict[str, Callable[[], str]]:
     }
 
 
+def kubernetes_image_problems(files: Mapping[str, str], image: str) -> list[str]:
+    """Every container image `kubectl kustomize` gives, as k8s/components/image's entry rewrites it (kustomize's
+    images transformer: a container whose image name is the entry's `name` becomes newName:newTag, any other stays
+    as written), must be glm5.toml's image: a name the entry does not match would be pulled untagged (`:latest`)."""
+    entry = dict(IMAGE_ENTRY.findall(files[IMAGE_COMPONENT].split("images:", 1)[-1]))
+    problems = []
+    for rel, text in sorted(files.items()):
+        if rel == IMAGE_COMPONENT:
+            continue
+        for written in CONTAINER_IMAGE.findall(text):
+            name = (
+                written.split("@", 1)[0].rsplit(":", 1)[0] if ":" in written.rsplit("/", 1)[-1] else written
+            )
+            result = (
+                f"{entry.get('newName', name)}:{entry['newTag']}" if name == entry.get("name") else written
+            )
+            if result != image:
+                untagged = (
+                    " (untagged: the cluster pulls :latest)" if ":" not in result.rsplit("/", 1)[-1] else ""
+                )
+                problems.append(
+                    f"{rel}: image {written} renders as {result}{untagged}, not glm5.toml's {image}: write "
+                    f"`image: {entry.get('name')}`, the name {IMAGE_COMPONENT} rewrites"
+                )
+    return problems
+
+
+def kubernetes_files(root: Path, out: Mapping[str, str]) -> dict[str, str]:
+    """Every Kubernetes file of the kit as it will read: rendered where ci/render keeps it, else as it is."""
+    found = {str(p.relative_to(root)): p.read_text() for p in sorted((root / "k8s").rglob("*.yaml"))}
+    return found | {rel: text for rel, text in out.items() if rel.startswith("k8s/")}
+
+
 def load_figures(root: Path = ROOT) -> list[dict[str, Any]]:
     with (root / FIGURES).open("rb") as fh:
         return list(tomllib.load(fh)["figure"])
@@ -399,6 +435,9 @@ def render(root: Path) -> dict[str, str]:
     out[DASHBOARD_CONFIGMAP] = dashboard_configmap((root / DASHBOARD).read_text())
     out[ENV_EXAMPLE] = env_example(cfg)
     out[HOST_ENV_EXAMPLE] = host_env_example(cfg)
+    images = kubernetes_image_problems(kubernetes_files(root, out), found["image"])
+    if images:
+        raise RenderError("; ".join(images))
     blocks = readme_blocks(cfg)
     placed = [name for names in BLOCKS.values() for name in names]
     if sorted(placed) != sorted(blocks):
