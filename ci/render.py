@@ -100,7 +100,7 @@ def values(cfg: Mapping[str, Any]) -> dict[str, Any]:
     v: dict[str, Any] = dict(cfg["deployment"]) | dict(cfg["image"])
     defaults = settings.resolve({}, cfg, where="ci")
     v["model_host_dir"], v["bind"] = defaults["model_host_dir"], defaults["bind"]
-    v["monitoring_bind"] = defaults["monitoring_bind"]
+    v["monitoring_bind"], v["exporter_bind"] = defaults["monitoring_bind"], defaults["exporter_bind"]
     v["kernels"] = defaults["kernels"]  # the image build's GLM5_KERNELS (Dockerfile ARG, compose build args)
     # The pod's log volume: the server log and its rotations with room to spare (twice their bound, plus 64 MiB).
     v["log_volume_size"] = f"{math.ceil(2 * v['log_max_bytes'] * (v['log_backups'] + 1) / 2**20) + 64}Mi"

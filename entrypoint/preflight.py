@@ -48,7 +48,7 @@ SERVER_FLAGS = 42
 
 def download_hint(values: Mapping[str, Any]) -> str:
     return (
-        "download the weights before the start: with compose `docker compose run --rm glm5 download` (into "
+        "download the weights before the start: with compose `docker compose run --rm download` (into "
         f"GLM5_MODEL_HOST_DIR, default {values['model_host_dir']}), or on the host `hf download "
         f"{values['model_repo']} --local-dir <GLM5_MODEL_HOST_DIR>`; on Kubernetes the weights Job "
         "(k8s/base/job-weights.yaml)"

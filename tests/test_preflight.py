@@ -18,6 +18,7 @@ from common.report import Log, Problems
 from configuration import config, settings
 from conftest import ROOT, kit_env
 from entrypoint import doctor, preflight, weights
+from helpers.sandbox import NEEDS_BWRAP, sandbox
 from helpers.unprivileged import reachable_copy
 
 SMI = ROOT / "tests" / "fixtures" / "nvidia-smi"
@@ -319,8 +320,8 @@ def test_the_start_no_longer_downloads_and_names_the_step_that_does() -> None:
         settings.resolve({"GLM5_DOWNLOAD": "1"})
     assert [str(p) for p in err.value.problems] == [
         "GLM5_DOWNLOAD: was removed; fix: download the weights as a step before the start: `docker compose run "
-        "--rm glm5 download` (compose) or the weights Job (k8s/base/job-weights.yaml); a download inside the start "
-        "would outlast the 40-minute startup probes"
+        "--rm download` (compose) or the weights Job (k8s/base/job-weights.yaml); a 410 GB download inside the "
+        "start would outlast its 40-minute budget (startup_budget_seconds)"
     ]
 
 
@@ -372,6 +373,22 @@ def test_download_of_a_folder_uid_1000_cannot_write_names_the_fix(request: pytes
     assert f"GLM5_MODEL_HOST_DIR: {host} is not writable by UID 1000" in done.stderr
     assert "sudo install -d -o 1000 -g 0" in done.stderr
     assert not (host / "GLM-5-NVFP4").exists()
+
+
+@NEEDS_BWRAP
+@pytest.mark.boots
+def test_download_into_the_serving_services_read_only_weights_names_the_service_that_writes(
+    tmp_path: Path,
+) -> None:
+    """`docker compose run --rm glm5 download`, once the glm5 service mounts the weights read-only: bubblewrap's
+    read-only bind stands for the mount (root's write permission does not help on a read-only mount)."""
+    weights = tmp_path / "GLM-5-NVFP4"
+    weights.mkdir()
+    done = run_download({"GLM5_MODEL_DIR": str(weights)}, *sandbox(ROOT, ("ro", weights)))
+    assert done.returncode == preflight.MODEL_DIR_MISSING, done.stderr
+    assert f"download: {weights} is mounted read-only" in done.stderr
+    assert "`docker compose run --rm download`" in done.stderr
+    assert not any(weights.iterdir())
 
 
 @pytest.mark.boots
