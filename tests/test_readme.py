@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -133,3 +135,50 @@ def test_every_document_link_lands() -> None:
         for fragment in re.findall(r"\]\(#([^)]+)\)", text):
             headings = {anchor(h) for h in re.findall(r"^#{1,4} (.+)$", text, re.M)}
             assert fragment in headings, f"{doc.name} links to #{fragment}: no such heading"
+
+
+def shell_block(after: str) -> str:
+    """The first ```sh block of the README after the text AFTER, its lines unindented."""
+    rest = README.split(after, 1)[1]
+    body = rest.split("```sh\n", 1)[1].split("```", 1)[0]
+    return "\n".join(line.strip() for line in body.splitlines()) + "\n"
+
+
+STAND_INS = {
+    # the operator is UID 1001, not the image's 1000: `id -u` says so, sudo runs as root (the test is), and the
+    # download (`hf download REPO --local-dir DIR`) writes as that user.
+    "id": '[ "$1" = -u ] && echo 1001 || exec /usr/bin/id "$@"\n',
+    "sudo": 'exec "$@"\n',
+    "hf": 'exec setpriv --reuid 1001 --regid 1001 --clear-groups touch "$4/config.json"\n',
+}
+
+
+def test_the_quick_starts_weights_step_works_for_an_operator_who_is_not_uid_1000(
+    request: pytest.FixtureRequest,
+) -> None:
+    """Step 1 as written made the folder UID 1000's (mode 0775) and then downloaded as the operator: refused for
+    every UID but 1000. Run here with the download as a write by UID 1001 (setpriv); the folder ends up UID 1000's."""
+    if os.getuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to act as an operator whose UID is not 1000")
+    scratch = Path(tempfile.mkdtemp(prefix="glm5-readme-"))  # /tmp: pytest's own folder is 0700
+    scratch.chmod(0o755)
+    request.addfinalizer(lambda: shutil.rmtree(scratch))
+    bin_dir = scratch / "bin"
+    bin_dir.mkdir()
+    for name, body in STAND_INS.items():
+        (bin_dir / name).write_text("#!/bin/sh\n" + body)
+        (bin_dir / name).chmod(0o755)
+    folder = scratch / "models" / "GLM-5-NVFP4"
+    block = shell_block("1. **The weights, on the host first**")
+    assert "hf download nvidia/GLM-5-NVFP4 --local-dir /srv/models/GLM-5-NVFP4" in block
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", block.replace("/srv/models/GLM-5-NVFP4", str(folder))],
+        env=os.environ | {"PATH": f"{bin_dir}:{os.environ['PATH']}"},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    for path in (folder, folder / "config.json"):
+        assert (path.stat().st_uid, path.stat().st_gid) == (1000, 0), path
