@@ -182,3 +182,67 @@ def test_the_quick_starts_weights_step_works_for_an_operator_who_is_not_uid_1000
     assert done.returncode == 0, done.stderr
     for path in (folder, folder / "config.json"):
         assert (path.stat().st_uid, path.stat().st_gid) == (1000, 0), path
+
+
+def exit_code_tools(code: str) -> list[str]:
+    (tools,) = [t for c, _, t in render.EXIT_CODES if c == code]
+    return [t.strip() for t in tools.split(",")]
+
+
+# How each tool the exit-code table lists for code 3 is run here, offline and at once.
+INVALID_SETTING_RUNS = {
+    "entrypoint": ["entrypoint/entrypoint.sh", "doctor"],
+    "launch": ["entrypoint/launch", "--dry-run"],
+    "doctor": ["entrypoint/doctor"],
+    "download": ["entrypoint/download"],
+    "gateway/launch": ["gateway/launch", "--kubernetes", "glm5", "--dry-run"],
+    "ci/smoke": ["ci/smoke", "--url", "http://127.0.0.1:9"],
+    "ci/bench": ["ci/bench", "--url", "http://127.0.0.1:9"],
+    "ci/eval": ["ci/eval", "--url", "http://127.0.0.1:9"],
+}
+
+
+def run_tool(argv: list[str], **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("GLM5_")}
+    path = f"{ROOT / '.venv' / 'bin'}:{clean['PATH']}"  # the in-image tools import the image's packages
+    return subprocess.run(
+        [str(ROOT / argv[0]), *argv[1:]],
+        env=clean | {"PATH": path} | env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+
+
+@pytest.mark.boots
+def test_every_tool_the_exit_code_table_lists_for_3_exits_3_for_an_unknown_setting() -> None:
+    """The table listed the healthcheck under 3, which warns and judges with glm5.toml's value instead."""
+    assert sorted(exit_code_tools("3")) == sorted([*INVALID_SETTING_RUNS, "kernels/build"])
+    for tool, argv in INVALID_SETTING_RUNS.items():
+        done = run_tool(argv, GLM5_NO_SUCH_SETTING="1")
+        assert done.returncode == 3, (tool, done.stderr[-2000:])
+        assert "GLM5_NO_SUCH_SETTING" in done.stderr, tool
+    unfit = run_tool(["kernels/build", "--dry-run", "--modules", "ci"], CUDA_HOME="/nonexistent")
+    assert unfit.returncode == 3 and "CUDA_HOME" in unfit.stderr, unfit.stderr
+    log = "tests/fixtures/logs/sglang-0.5.23-oom-during-decode-capture.log"
+    probe = run_tool(
+        ["healthcheck/healthcheck", "--status", "--no-http", "--log", log], GLM5_NO_SUCH_SETTING="1"
+    )
+    assert probe.returncode != 3 and "GLM5_NO_SUCH_SETTING" in probe.stderr
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["image/assert-versions"], ["ci/render-dashboard"], ["ci/build-image"], ["image/relock"]],
+)
+def test_help_exits_0_and_an_unknown_option_exits_2_without_doing_anything(argv: list[str]) -> None:
+    """image/assert-versions took --help for a pin (exit 1); ci/render-dashboard --help went on to run ci/render,
+    which rewrites files; ci/build-image took an option for the image's tag; image/relock ignored its arguments."""
+    helped = run_tool([*argv, "--help"])
+    assert helped.returncode == 0 and helped.stdout, helped.stderr
+    assert "ci/render:" not in helped.stdout  # nothing rendered, nothing written
+    refused = run_tool([*argv, "--no-such-option"])
+    assert refused.returncode == 2, refused.stderr
+    assert "ci/render:" not in refused.stdout
