@@ -30,6 +30,7 @@ from typing import Any
 from common.report import EXIT_CODES, FAILED, FAILURE_KINDS, OK, Log, Problems
 from configuration import config, settings
 from configuration.batch_sizes import effective_decode_max_bs
+from entrypoint import preflight
 from kernels import modules as kernel_modules
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,7 +78,7 @@ INTERNALS = "docs/internals.md"
 # The generated blocks (between `<!-- ci/render: NAME -->` markers), by the document that holds them.
 BLOCKS = {
     README: ("exit-codes", "figures"),
-    REFERENCE: ("configuration", "failure-codes"),
+    REFERENCE: ("configuration", "preflight-exit-codes", "failure-codes"),
     INTERNALS: ("kernels",),
 }
 DOCUMENTS = tuple(BLOCKS)
@@ -328,6 +329,27 @@ def dashboard_configmap(dashboard_json: str) -> str:
     )
 
 
+def preflight_exit_codes(found: Mapping[str, Any]) -> str:
+    """entrypoint/preflight.py's EXIT_CODES as a table, its {NAME}s filled with the values."""
+    rows = ["| code | what | fix named in the message |", "|---|---|---|"]
+    for codes, what, fix in preflight.EXIT_CODES:
+        run = len(codes) > 2 and list(codes) == list(range(codes[0], codes[-1] + 1))
+        code = f"{codes[0]}-{codes[-1]}" if run else ", ".join(map(str, codes))
+        where = f"{preflight.__name__}.EXIT_CODES ({code})"
+        rows.append(f"| {code} | {fill(what, found, where)} | {fill(fix, found, where)} |")
+    return "\n".join(rows) + "\n"
+
+
+def fill(text: str, found: Mapping[str, Any], where: str) -> str:
+    """TEXT with each {NAME} replaced by its value (text without one is returned as it is)."""
+    unknown = sorted(set(NAME.findall(text)) - set(found))
+    if unknown:
+        raise RenderError(
+            f"{where}: unknown value(s) {', '.join(unknown)}: use a value of ci/render.values()"
+        )
+    return NAME.sub(lambda m: str(found[m.group(1)]), text)
+
+
 def readme_blocks(cfg: Mapping[str, Any]) -> dict[str, Callable[[], str]]:
     def configuration() -> str:
         return config.reference(cfg)
@@ -375,6 +397,7 @@ def readme_blocks(cfg: Mapping[str, Any]) -> dict[str, Callable[[], str]]:
         "exit-codes": exit_codes,
         "figures": figures,
         "failure-codes": failure_codes,
+        "preflight-exit-codes": lambda: preflight_exit_codes(values(cfg)),
     }
 
 

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -235,6 +236,43 @@ def test_server_flags_go_through_sglangs_own_resolution() -> None:
         found = preflight.check_flags([*argv, *extra], str(BENCH_PYTHON))
         assert [f.code for f in found] == [preflight.SERVER_FLAGS], (extra, found)
         assert said in found[0].message, found[0].message
+
+
+@pytest.mark.boots
+def test_sglang_that_cannot_be_imported_is_the_images_fault_not_extra_args(tmp_path: Path) -> None:
+    """A preflight whose Python lacked sglang's dependencies said `[42] GLM5_EXTRA_ARGS: sglang refused the server
+    flags: ModuleNotFoundError ...`, with GLM5_EXTRA_ARGS empty. Here a Python with no sglang at all stands in."""
+    argv = config.resolve({"GLM5_MODEL_DIR": str(GLM5_CONFIG)}).public_argv()[3:]
+    bare = tmp_path / "python"  # the system Python, without the kit's venvs on its path
+    bare.write_text(f'#!/bin/sh\nexec env -u PYTHONPATH {sys.base_prefix}/bin/python3 -I "$@"\n')
+    bare.chmod(0o755)
+    (found,) = preflight.check_flags(argv, str(bare))
+    assert found.code == preflight.SERVER_FLAGS and found.setting == "the image", found
+    assert "ModuleNotFoundError: No module named" in found.message and "rebuild it" in found.fix
+
+
+@pytest.mark.skipif(not BENCH_PYTHON.exists(), reason="ci/setup-test-env bench makes .venv-bench")
+@pytest.mark.boots
+def test_a_refused_flag_names_extra_args_only_when_it_is_set() -> None:
+    argv = config.resolve({"GLM5_MODEL_DIR": str(GLM5_CONFIG)}).public_argv()[3:]
+    extra = ["--retraction-policy", "priority"]
+    (mine,) = preflight.check_flags([*argv, *extra], str(BENCH_PYTHON), extra_args=extra)
+    assert mine.setting == "GLM5_EXTRA_ARGS" and "fix or remove the flag" in mine.message
+    (kit,) = preflight.check_flags([*argv, *extra], str(BENCH_PYTHON))  # as if glm5.toml's [[flag]] said it
+    assert kit.setting.startswith("the server flags") and "GLM5_EXTRA_ARGS" not in str(kit)
+
+
+def test_the_preflight_exit_code_table_holds_each_code_of_preflight_and_the_doctor_once() -> None:
+    """docs/reference.md's table is rendered from preflight.EXIT_CODES (ci/render): it lacked none of the codes,
+    but a new one must not go missing from it."""
+    listed = [code for codes, _, _ in preflight.EXIT_CODES for code in codes]
+    constants = {
+        value
+        for module in (preflight, doctor)
+        for name, value in vars(module).items()
+        if name.isupper() and isinstance(value, int) and not isinstance(value, bool) and 2 < value < 100
+    }
+    assert sorted(listed) == sorted(constants)
 
 
 def test_skip_setting_is_validated_and_logged(tmp_path: Path) -> None:
