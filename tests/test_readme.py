@@ -246,3 +246,25 @@ def test_help_exits_0_and_an_unknown_option_exits_2_without_doing_anything(argv:
     refused = run_tool([*argv, "--no-such-option"])
     assert refused.returncode == 2, refused.stderr
     assert "ci/render:" not in refused.stdout
+
+
+def test_no_document_describes_a_startup_probe() -> None:
+    """The pod has none (tests/test_render.py), yet k8s/README.md listed "startup/readiness/liveness probes" and
+    glm5.toml's removed-setting message spoke of "the 40-minute startup probes"."""
+    listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    documents = [ROOT / rel for rel in listed.split() if rel.endswith((".md", ".toml", ".yaml", ".yml"))]
+    claim = re.compile(r"(?<!no )startup[ -]probe|startup/readiness|startupProbe", re.I)
+    found = [f"{p.relative_to(ROOT)}: {m.group(0)}" for p in documents for m in claim.finditer(p.read_text())]
+    assert found == []
+
+
+def test_the_troubleshooting_oom_line_is_what_the_healthcheck_prints() -> None:
+    """The README quoted `failed: out of memory: ... (during decode graph capture (37/52))`, a form the healthcheck
+    never printed: each part of the quoted line, between its `...`, must be in its output for a real OOM log."""
+    (quoted,) = re.findall(r"\*\*Out of memory during capture\*\* \(`([^`]+)`\)", " ".join(README.split()))
+    log = "tests/fixtures/logs/sglang-0.5.23-oom-during-decode-capture.log"
+    said = run_tool(["healthcheck/healthcheck", "--status", "--no-http", "--log", log]).stdout
+    at = 0
+    for part in filter(None, (p.strip() for p in quoted.split("..."))):
+        at = said.find(part, at)
+        assert at >= 0, (part, said)
