@@ -34,7 +34,7 @@ EXIT_CODES: tuple[tuple[str, str, str], ...] = (
     ("10-42", "preflight found a problem with the box, the weights, FlashInfer or the flags (first problem's code; 41: GLM5_SKIP_PREFLIGHT names an unknown check)", "entrypoint, launch --prepare, launch --dry-run (41)"),
     ("30-36", "the weights are missing or incomplete, or lack what a setting needs (preflight's model check)", "download, launch --prepare"),
     ("70", "the server kept failing to start (supervisord FATAL)", "entrypoint"),
-    ("127", "the server program is not installed", "launch --serve"),
+    ("127", "a program the tool needs is not installed: the server program (launch --serve); python3 3.11 or newer, or its venv module (the host-side tools)", "launch --serve, ci/render, ci/bench, ci/smoke, ci/eval, ci/setup-test-env, ci/test, doctor"),
 )  # fmt: skip
 
 

@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -268,3 +269,30 @@ def test_the_troubleshooting_oom_line_is_what_the_healthcheck_prints() -> None:
     for part in filter(None, (p.strip() for p in quoted.split("..."))):
         at = said.find(part, at)
         assert at >= 0, (part, said)
+
+
+HOST_TOOLS = ("ci/render", "ci/bench", "entrypoint/doctor", "ci/smoke", "ci/eval", "ci/setup-test-env")
+# python3 as an Ubuntu 22.04 host has it (3.10: no tomllib, so ci/render and doctor died with a traceback), and as
+# Debian 12 / Ubuntu 24.04 have it without python3-venv (ci/smoke's first run failed making .venv-smoke).
+OLD_PYTHON = 'case "$*" in *version_info*) echo 3.10; exit 1 ;; esac; exit 1\n'
+NO_VENV = f'case "$*" in *ensurepip*) exit 1 ;; esac; exec {sys.executable} "$@"\n'
+
+
+@pytest.mark.parametrize("tool", HOST_TOOLS)
+@pytest.mark.parametrize(("python3", "said"), [(OLD_PYTHON, "need 3.11 or newer"), (NO_VENV, "python3-venv")])
+def test_host_tools_name_the_python_they_need(tmp_path: Path, tool: str, python3: str, said: str) -> None:
+    if said == "python3-venv" and tool not in ("ci/smoke", "ci/eval", "ci/setup-test-env"):
+        pytest.skip("makes no venv")
+    (tmp_path / "python3").write_text("#!/bin/sh\n" + python3)
+    (tmp_path / "python3").chmod(0o755)
+    path = f"{tmp_path}:{os.environ['PATH']}"
+    done = subprocess.run(
+        [str(ROOT / tool), "no-such-env" if tool == "ci/setup-test-env" else "--help"],
+        env=os.environ | {"PATH": path},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 127, done.stdout + done.stderr
+    assert f"{tool}: error: python3" in done.stderr and said in done.stderr and "fix:" in done.stderr
+    assert "Traceback" not in done.stderr
