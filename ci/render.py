@@ -30,6 +30,7 @@ from typing import Any
 from common.report import EXIT_CODES, FAILED, FAILURE_KINDS, OK, Log, Problems
 from configuration import admission, config, settings
 from configuration.batch_sizes import effective_decode_max_bs
+from entrypoint import preflight
 from healthcheck.verdict import Phase
 from kernels import modules as kernel_modules
 
@@ -45,7 +46,6 @@ MARKED = (
     "k8s/base/kustomization.yaml",
     "k8s/base/statefulset.yaml",
     "k8s/base/service.yaml",
-    "k8s/base/job-weights.yaml",
     "k8s/base/networkpolicy.yaml",
     "k8s/components/image/kustomization.yaml",
     "k8s/overlays/gateway/kustomization.yaml",
@@ -80,10 +80,14 @@ INTERNALS = "docs/internals.md"
 # The generated blocks (between `<!-- ci/render: NAME -->` markers), by the document that holds them.
 BLOCKS = {
     README: ("phases", "exit-codes", "figures"),
-    REFERENCE: ("configuration", "failure-codes"),
+    REFERENCE: ("configuration", "preflight-exit-codes", "failure-codes"),
     INTERNALS: ("kernels",),
 }
 DOCUMENTS = tuple(BLOCKS)
+IMAGE_COMPONENT = "k8s/components/image/kustomization.yaml"
+# A container's `image:` in a Kubernetes file, and the component's `images:` entry (name, newName, newTag).
+CONTAINER_IMAGE = re.compile(r"^\s*(?:-\s+)?image:\s*[\"']?([^\s\"'#]+)", re.M)
+IMAGE_ENTRY = re.compile(r"^\s*(?:-\s+)?(name|newName|newTag):\s*[\"']?([^\s\"'#]+)", re.M)
 FIGURES = "ci/figures.toml"  # measured figures, rendered into the README's figures table
 LOG = Log("ci/render")
 MARKER = "# ci/render: "
@@ -99,7 +103,7 @@ def values(cfg: Mapping[str, Any]) -> dict[str, Any]:
     v: dict[str, Any] = dict(cfg["deployment"]) | dict(cfg["image"])
     defaults = settings.resolve({}, cfg, where="ci")
     v["model_host_dir"], v["bind"] = defaults["model_host_dir"], defaults["bind"]
-    v["monitoring_bind"] = defaults["monitoring_bind"]
+    v["monitoring_bind"], v["exporter_bind"] = defaults["monitoring_bind"], defaults["exporter_bind"]
     v["kernels"] = defaults["kernels"]  # the image build's GLM5_KERNELS (Dockerfile ARG, compose build args)
     # The pod's log volume: the server log and its rotations with room to spare (twice their bound, plus 64 MiB).
     v["log_volume_size"] = f"{math.ceil(2 * v['log_max_bytes'] * (v['log_backups'] + 1) / 2**20) + 64}Mi"
@@ -333,6 +337,27 @@ def dashboard_configmap(dashboard_json: str) -> str:
     )
 
 
+def preflight_exit_codes(found: Mapping[str, Any]) -> str:
+    """entrypoint/preflight.py's EXIT_CODES as a table, its {NAME}s filled with the values."""
+    rows = ["| code | what | fix named in the message |", "|---|---|---|"]
+    for codes, what, fix in preflight.EXIT_CODES:
+        run = len(codes) > 2 and list(codes) == list(range(codes[0], codes[-1] + 1))
+        code = f"{codes[0]}-{codes[-1]}" if run else ", ".join(map(str, codes))
+        where = f"{preflight.__name__}.EXIT_CODES ({code})"
+        rows.append(f"| {code} | {fill(what, found, where)} | {fill(fix, found, where)} |")
+    return "\n".join(rows) + "\n"
+
+
+def fill(text: str, found: Mapping[str, Any], where: str) -> str:
+    """TEXT with each {NAME} replaced by its value (text without one is returned as it is)."""
+    unknown = sorted(set(NAME.findall(text)) - set(found))
+    if unknown:
+        raise RenderError(
+            f"{where}: unknown value(s) {', '.join(unknown)}: use a value of ci/render.values()"
+        )
+    return NAME.sub(lambda m: str(found[m.group(1)]), text)
+
+
 def readme_blocks(cfg: Mapping[str, Any]) -> dict[str, Callable[[], str]]:
     def configuration() -> str:
         return config.reference(cfg)
@@ -386,7 +411,41 @@ def readme_blocks(cfg: Mapping[str, Any]) -> dict[str, Callable[[], str]]:
         "exit-codes": exit_codes,
         "figures": figures,
         "failure-codes": failure_codes,
+        "preflight-exit-codes": lambda: preflight_exit_codes(values(cfg)),
     }
+
+
+def kubernetes_image_problems(files: Mapping[str, str], image: str) -> list[str]:
+    """Every container image `kubectl kustomize` gives, as k8s/components/image's entry rewrites it (kustomize's
+    images transformer: a container whose image name is the entry's `name` becomes newName:newTag, any other stays
+    as written), must be glm5.toml's image: a name the entry does not match would be pulled untagged (`:latest`)."""
+    entry = dict(IMAGE_ENTRY.findall(files[IMAGE_COMPONENT].split("images:", 1)[-1]))
+    problems = []
+    for rel, text in sorted(files.items()):
+        if rel == IMAGE_COMPONENT:
+            continue
+        for written in CONTAINER_IMAGE.findall(text):
+            name = (
+                written.split("@", 1)[0].rsplit(":", 1)[0] if ":" in written.rsplit("/", 1)[-1] else written
+            )
+            result = (
+                f"{entry.get('newName', name)}:{entry['newTag']}" if name == entry.get("name") else written
+            )
+            if result != image:
+                untagged = (
+                    " (untagged: the cluster pulls :latest)" if ":" not in result.rsplit("/", 1)[-1] else ""
+                )
+                problems.append(
+                    f"{rel}: image {written} renders as {result}{untagged}, not glm5.toml's {image}: write "
+                    f"`image: {entry.get('name')}`, the name {IMAGE_COMPONENT} rewrites"
+                )
+    return problems
+
+
+def kubernetes_files(root: Path, out: Mapping[str, str]) -> dict[str, str]:
+    """Every Kubernetes file of the kit as it will read: rendered where ci/render keeps it, else as it is."""
+    found = {str(p.relative_to(root)): p.read_text() for p in sorted((root / "k8s").rglob("*.yaml"))}
+    return found | {rel: text for rel, text in out.items() if rel.startswith("k8s/")}
 
 
 def load_figures(root: Path = ROOT) -> list[dict[str, Any]]:
@@ -413,6 +472,9 @@ def render(root: Path) -> dict[str, str]:
     out[DASHBOARD_CONFIGMAP] = dashboard_configmap((root / DASHBOARD).read_text())
     out[ENV_EXAMPLE] = env_example(cfg)
     out[HOST_ENV_EXAMPLE] = host_env_example(cfg)
+    images = kubernetes_image_problems(kubernetes_files(root, out), found["image"])
+    if images:
+        raise RenderError("; ".join(images))
     blocks = readme_blocks(cfg)
     placed = [name for names in BLOCKS.values() for name in names]
     if sorted(placed) != sorted(blocks):

@@ -28,15 +28,15 @@ EXIT_CODES: tuple[tuple[str, str, str], ...] = (
     ("1", "what the tool checks failed: not ready (healthcheck), a check (ci/smoke), a run (ci/bench), "
      "a score below the bar (ci/eval), "
      "a patch that does not apply or verify (patches/*), a stale file (ci/render --check)", "every tool"),
-    ("2", "bad command line (unknown option, wrong argument) or sweep file", "every tool"),
-    ("3", "a GLM5_* setting is invalid, unknown or removed; nothing was started", "entrypoint, launch, healthcheck, doctor, download, kernels/build, gateway/launch, ci/smoke, ci/bench, ci/eval"),
+    ("2", "bad command line (unknown option, wrong argument), sweep file, or kernel selection (kernels/build: --modules, GLM5_KERNELS, MAX_JOBS)", "every tool but ci/test, which hands its arguments to pytest (a usage error there is pytest's 4)"),
+    ("3", "a GLM5_* setting is invalid, unknown or removed; nothing was started (kernels/build: the CUDA toolkit or the memory is unfit; the healthcheck warns and judges with glm5.toml's value instead)", "entrypoint, launch, doctor, download, kernels/build, gateway/launch, ci/smoke, ci/bench, ci/eval"),
     ("4", "the server never became ready (failed start or timeout)", "ci/smoke"),
     ("5", "the compose service already has a container that the tool did not start: nothing was touched (use --url)", "ci/smoke, ci/bench --sweep"),
     ("10-42", "preflight found a problem with the box, the weights, FlashInfer or the flags (first problem's code; 41: GLM5_SKIP_PREFLIGHT names an unknown check)", "entrypoint, launch --prepare, launch --dry-run (41)"),
     ("30-36", "the weights are missing or incomplete, or lack what a setting needs (preflight's model check)", "download, launch --prepare"),
     ("70", "the server kept failing to start (supervisord FATAL)", "entrypoint"),
     ("72", "the start hung more than GLM5_START_RETRIES times in a row: the kit stopped restarting it (the reason names where and the fix)", "entrypoint"),
-    ("127", "the server program is not installed", "launch --serve"),
+    ("127", "a program the tool needs is not installed: the server program (launch --serve); python3 3.11 or newer, or its venv module (the host-side tools)", "launch --serve, ci/render, ci/bench, ci/smoke, ci/eval, ci/setup-test-env, ci/test, doctor"),
 )  # fmt: skip
 
 

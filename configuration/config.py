@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from configuration.batch_sizes import decode_batch_sizes, effective_decode_max_b
 from configuration.state import SERVER_CONFIG
 
 SERVER_PROGRAM = ("python3", "-m", "sglang.launch_server")
+ALIASES = Path(__file__).resolve().parent / "sglang_aliases.json"
 CONFIG_FLAG = "--config"  # sglang 0.5.23 reads options from a YAML file (utils/server_args_config_parser.py)
 
 
@@ -109,8 +111,14 @@ def check_health_timeout(timeout: float, environ: Mapping[str, str]) -> list[Pro
     return []
 
 
-def owned_flags(config: Mapping[str, Any]) -> dict[str, str]:
-    """Flags the configuration sets, with what sets them: GLM5_EXTRA_ARGS may not."""
+def sglang_aliases() -> list[list[str]]:
+    """The option strings sglang's server parser gives one destination (configuration/sglang_aliases.json)."""
+    aliases: list[list[str]] = json.loads(ALIASES.read_text())["aliases"]
+    return aliases
+
+
+def owned_names(config: Mapping[str, Any]) -> dict[str, str]:
+    """Flags the configuration sets, by the name it writes, with what sets them."""
     owned = {s.flag: s.name for s in settings.declarations(config).values() if s.flag}
     owned["--api-key"] = "GLM5_API_KEY or GLM5_API_KEY_FILE"
     owned[CONFIG_FLAG] = "nothing: the kit writes the server's config file (it holds the API key)"
@@ -118,9 +126,25 @@ def owned_flags(config: Mapping[str, Any]) -> dict[str, str]:
     return owned
 
 
+def owned_aliases(owned: Mapping[str, str]) -> dict[str, str]:
+    """sglang's other names of the owned flags (--tensor-parallel-size: --tp-size), each with the owned one."""
+    found = {}
+    for group in sglang_aliases():
+        flag = next((f for f in group if f in owned), None)
+        found |= {alias: flag for alias in group if flag is not None and alias not in owned}
+    return found
+
+
+def owned_flags(config: Mapping[str, Any]) -> dict[str, str]:
+    """Flags the configuration sets, by any of sglang's names, with what sets them: GLM5_EXTRA_ARGS may not."""
+    owned = owned_names(config)
+    return owned | {alias: owned[flag] for alias, flag in owned_aliases(owned).items()}
+
+
 def check_extra_args(args: list[str], config: Mapping[str, Any]) -> list[Problem]:
     """Refuse removed, owned and refused flags, also by a prefix: sglang's argparse takes any unique one."""
     removed, owned, refused = config["removed_flag"], owned_flags(config), config["refused_flag"]
+    aliases = owned_aliases(owned_names(config))
     problems = []
     for arg in args:
         flag = arg.split("=", 1)[0]
@@ -130,8 +154,9 @@ def check_extra_args(args: list[str], config: Mapping[str, Any]) -> list[Problem
             problems.append(Problem("GLM5_EXTRA_ARGS", f"{flag} is rejected by sglang 0.5.23", removed[flag]))
         elif full := next((f for f in refused if f.startswith(flag)), None):
             problems.append(Problem("GLM5_EXTRA_ARGS", f"{flag} is not supported ({full})", refused[full]))
-        elif full := next((f for f in owned if f.startswith(flag)), None):
+        elif full := flag if flag in owned else next((f for f in owned if f.startswith(flag)), None):
             shown = flag if flag == full else f"{flag} (as {full})"
+            shown += f", sglang's other name of {aliases[full]}," if full in aliases else ""
             problems.append(
                 Problem("GLM5_EXTRA_ARGS", f"{shown} is set by the configuration", f"use {owned[full]}")
             )

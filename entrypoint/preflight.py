@@ -10,12 +10,12 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from common.report import Log, Problem
+from common.report import INVALID_SETTING, Log, Problem
 from entrypoint import doctor
 
 VERIFY = Path(__file__).resolve().parent.parent / "patches" / "verify"  # the thin executable
@@ -44,11 +44,39 @@ MODEL_MTP = 36  # GLM5_SPECULATIVE=mtp, but the checkpoint has no MTP layer
 FLASHINFER = 40
 SKIP_SETTING = 41  # GLM5_SKIP_PREFLIGHT malformed (glm5.toml: its `code`)
 SERVER_FLAGS = 42
+# Every code preflight (launch --prepare) exits with, the first problem's: (codes, what, the fix its message names).
+# docs/reference.md's table is rendered from this by ci/render ({NAME}: a value of ci/render.values()), and
+# tests/test_preflight.py checks that it holds each exit code of this module and the doctor's, once.
+EXIT_CODES: tuple[tuple[tuple[int, ...], str, str], ...] = (
+    ((INVALID_SETTING,), "a setting is invalid, unknown or removed", "the variable and its expected form"),
+    ((doctor.NVIDIA_SMI_MISSING, doctor.NVIDIA_SMI_FAILED, doctor.GPU_QUERY_UNREADABLE),
+     "nvidia-smi missing, failing, or a GPU's row unreadable", "the GPU runtime, the host driver, `nvidia-smi -q`"),
+    ((doctor.GPU_COUNT,), "not exactly {gpu_count} GPUs visible (lists index@bus)",
+     "pin GPUs 0-{gpu_count_minus_one}, CUDA_VISIBLE_DEVICES unset"),
+    ((doctor.GPU_PRODUCT, doctor.GPU_COMPUTE_CAPABILITY, doctor.GPU_MEMORY, doctor.GPU_DRIVER),
+     "not an {gpu_product}; compute capability not {compute_capability}; under {min_gpu_memory_mib} MiB; driver "
+     "below R{min_driver_major}", "per GPU"),
+    ((doctor.GPU_MIG,), "a fast check of the doctor fails (" + ", ".join(DOCTOR_CHECKS) + "): MIG mode on or a MIG "
+     "slice visible, say", "the check's own (`nvidia-smi -i N -mig 0`, then a GPU reset or reboot, for MIG)"),
+    ((doctor.SHM_TOO_SMALL,), "/dev/shm under {min_shm_gib} GiB, or unreadable",
+     "`ipc: host` / `--shm-size` / a Memory emptyDir"),
+    ((MODEL_DIR_MISSING, MODEL_CONFIG, MODEL_ARCHITECTURE, MODEL_QUANTIZATION, MODEL_INDEX, MODEL_SHARDS),
+     "model folder missing, unreadable or empty; config.json; architecture not " + ARCHITECTURE + "; not ModelOpt "
+     "NVFP4; no index; shards missing, empty or `.incomplete`", "the exact `hf download` command"),
+    ((MODEL_MTP,), "`GLM5_SPECULATIVE=mtp`, but the checkpoint has no MTP layer (`model.layers.78.*` for GLM-5; "
+     "SGLang would skip the draft weights silently)", "unset it, or a checkpoint that has the layer"),
+    ((FLASHINFER,), "FlashInfer not patched, or FLASHINFER_CUDA_VERSION malformed or not the image's nvcc",
+     "`patches/apply`, the right value"),
+    ((SKIP_SETTING,), "`GLM5_SKIP_PREFLIGHT` names an unknown check", "the valid names"),
+    ((SERVER_FLAGS,), "sglang refuses the server flags: its parser, or its own argument resolution with the model's "
+     "config.json (`resolve_once`, `check_server_args`; `entrypoint/resolve_flags.py`); or sglang cannot be "
+     "imported (an incomplete image)", "sglang's reason, naming `GLM5_EXTRA_ARGS` only when it is set"),
+)  # fmt: skip
 
 
 def download_hint(values: Mapping[str, Any]) -> str:
     return (
-        "download the weights before the start: with compose `docker compose run --rm glm5 download` (into "
+        "download the weights before the start: with compose `docker compose run --rm download` (into "
         f"GLM5_MODEL_HOST_DIR, default {values['model_host_dir']}), or on the host `hf download "
         f"{values['model_repo']} --local-dir <GLM5_MODEL_HOST_DIR>`; on Kubernetes the weights Job "
         "(k8s/base/job-weights.yaml)"
@@ -236,9 +264,13 @@ def check_flashinfer(verify: Path = VERIFY) -> list[Problem]:
     ]
 
 
-def check_flags(server_args: list[str], python: str = sys.executable) -> list[Problem]:
+def check_flags(
+    server_args: list[str], python: str = sys.executable, extra_args: Sequence[str] = ()
+) -> list[Problem]:
     """Parse and resolve the server flags with sglang's own code, as the server will before it loads anything
-    (entrypoint/resolve_flags.py: argparse, resolve_once with the model's config, check_server_args)."""
+    (entrypoint/resolve_flags.py: argparse, resolve_once with the model's config, check_server_args). A refusal
+    names GLM5_EXTRA_ARGS only when it is set; sglang that cannot be imported is the image's fault."""
+    setting = "GLM5_EXTRA_ARGS" if extra_args else "the server flags (entrypoint/glm5.toml, GLM5_* settings)"
     env = dict(os.environ) | {"HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
     try:
         done = subprocess.run(
@@ -252,7 +284,7 @@ def check_flags(server_args: list[str], python: str = sys.executable) -> list[Pr
     except (OSError, subprocess.TimeoutExpired) as err:
         return [
             Problem(
-                "GLM5_EXTRA_ARGS",
+                setting,
                 f"resolving the server flags did not finish: {err}",
                 "retry",
                 code=SERVER_FLAGS,
@@ -262,11 +294,20 @@ def check_flags(server_args: list[str], python: str = sys.executable) -> list[Pr
         return []
     lines = [ln for ln in done.stderr.strip().splitlines() if ln.strip() and not ln.startswith("[")]
     last = (lines or ["(no output)"])[-1]
+    if last.startswith(("ModuleNotFoundError", "ImportError")):
+        return [
+            Problem(
+                "the image",
+                f"sglang's argument parser cannot be imported by {python}: {last}",
+                "the image is incomplete: rebuild it (ci/build-image checks it), or report it with a support bundle",
+                code=SERVER_FLAGS,
+            )
+        ]
+    fix = "fix or remove the flag" if extra_args else "fix the setting or the [[flag]] it names"
     return [
         Problem(
-            "GLM5_EXTRA_ARGS",
-            f"sglang refused the server flags: {last}; "
-            "fix or remove the flag (entrypoint/launch --dry-run shows the command)",
+            setting,
+            f"sglang refused the server flags: {last}; {fix} (entrypoint/launch --dry-run shows the command)",
             code=SERVER_FLAGS,
         )
     ]
@@ -315,5 +356,5 @@ def run(
     if "flashinfer" not in skip:
         problems += check_flashinfer()
     if "flags" not in skip:
-        problems += check_flags(server_args)
+        problems += check_flags(server_args, extra_args=values["extra_args"])
     return problems

@@ -1,13 +1,13 @@
 """Download the checkpoint into the model folder as a step of its own, then check it as preflight does.
 
-    entrypoint/download           (`docker compose run --rm glm5 download`; the Kubernetes weights Job)
+    entrypoint/download           (`docker compose run --rm download`; the Kubernetes weights Job)
     entrypoint/download --wait    download nothing: wait until the folder is complete (the pod's init container)
 
 Runs the real `hf download REPO --local-dir DIR` of the image's huggingface_hub: resumable (complete
 files are skipped, partial ones continued), with the token from HF_TOKEN or HF_TOKEN_FILE passed in its
 environment, never on its command line. Then preflight's checkpoint check, so "done" means what the
 server's start will find. The server never downloads: a 410 GB download inside a start would outlast
-the startup probes, and the server pods need no egress.
+a start's budget, and the server pods need no egress.
 
 Exit codes (common/report.py): 0 complete, 3 an invalid setting, 30 the folder cannot be written or the
 download failed, 31-35 incomplete afterwards (preflight's codes).
@@ -39,6 +39,13 @@ def writable_problem(model_dir: Path) -> Problem | None:
         probe = probe.parent  # (a folder it cannot search reads as missing: the walk stops above it)
     if os.access(probe, os.W_OK | os.X_OK):
         return None
+    if os.statvfs(probe).f_flag & os.ST_RDONLY:
+        return Problem(
+            "download",
+            f"{probe} is mounted read-only (the glm5 service serves the weights read-only)",
+            "download with the service that mounts them writable: `docker compose run --rm download`",
+            preflight.MODEL_DIR_MISSING,
+        )
     return Problem(
         "GLM5_MODEL_HOST_DIR",
         f"{probe} is not writable by UID {os.getuid()} (Docker creates a missing host folder owned by root)",

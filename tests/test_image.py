@@ -104,6 +104,63 @@ def test_kubernetes_image_is_one_place_that_every_overlay_follows(tmp_path: Path
         assert "images:" not in (copy / folder / "kustomization.yaml").read_text(), folder
 
 
+def checkout_copy(tmp_path: Path) -> Path:
+    """The kit's tracked files in a folder of their own, for running a README step that edits the checkout."""
+    copy = tmp_path / "kit"
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True)
+    for rel in filter(None, listed.stdout.split("\0")):
+        if (ROOT / rel).is_file():
+            (copy / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, copy / rel)
+    return copy
+
+
+def readme_image_step() -> str:
+    """The README's Kubernetes step 1 command that sets the image: the line with `sed`, run as it is written."""
+    (line,) = [
+        ln.strip()
+        for ln in (ROOT / "README.md").read_text().splitlines()
+        if "entrypoint/glm5.toml && ci/render" in ln
+    ]
+    return line
+
+
+@pytest.mark.boots
+def test_the_readme_image_step_tags_every_container(tmp_path: Path) -> None:
+    """Run as written, the step left every container on the pushed name with no tag (`:latest`, ImagePullBackOff):
+    ci/render wrote the name into the resources, which the component's `images:` entry no longer matched."""
+    copy = checkout_copy(tmp_path)
+    step = readme_image_step()
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", step], cwd=copy, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    pushed = re.search(r'image = "([^"]+)"', step)
+    assert pushed and pushed.group(1) == "registry.example.com/ml/glm5-serve:0.1.0"
+    for folder in KIT_FOLDERS:
+        assert container_images(copy / "k8s" / folder) == {pushed.group(1)}, folder
+    check = subprocess.run(["ci/render", "--check"], cwd=copy, capture_output=True, text=True, check=False)
+    assert check.returncode == 0, check.stderr
+
+
+@pytest.mark.boots
+def test_render_check_refuses_a_container_the_image_component_leaves_untagged(tmp_path: Path) -> None:
+    copy = checkout_copy(tmp_path)
+    job = copy / "k8s/base/job-weights.yaml"
+    job.write_text(
+        job.read_text().replace("image: glm5-serve ", "image: registry.example.com/ml/glm5-serve ", 1)
+    )
+    assert container_images(copy / "k8s/base") >= {
+        "registry.example.com/ml/glm5-serve"
+    }  # kustomize: untagged
+    check = subprocess.run(["ci/render", "--check"], cwd=copy, capture_output=True, text=True, check=False)
+    assert check.returncode == 1
+    assert (
+        "k8s/base/job-weights.yaml: image registry.example.com/ml/glm5-serve renders as "
+        "registry.example.com/ml/glm5-serve (untagged: the cluster pulls :latest)" in check.stderr
+    )
+
+
 @pytest.mark.boots
 def test_uninstalling_the_server_keeps_the_data() -> None:
     """`kubectl delete -k` deletes what the folder renders, and a deleted Namespace takes every object in it: so no

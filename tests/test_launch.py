@@ -134,6 +134,17 @@ def test_real_parser_rejects_what_check_extra_args_refuses() -> None:
     assert [p["ok"] for p in oracle({"argvs": argvs})["parse"]] == [False] * len(argvs)
 
 
+@pytest.mark.boots
+def test_the_alias_table_is_the_installed_sglangs() -> None:
+    """GLM5_EXTRA_ARGS="--tensor-parallel-size 4" passed: sglang's parser gives --tp-size another name, and the kit
+    refused only the names it writes. configuration/sglang_aliases.json lists every such group, read from sglang."""
+    table = json.loads(config.ALIASES.read_text())
+    found = oracles.ask(ROOT / "tests/helpers/sglang_aliases_oracle.py", {})["aliases"]
+    assert table["aliases"] == found, f"write these groups into {config.ALIASES}: {json.dumps(found)}"
+    assert table["sglang"] == settings.load_config()["image"]["sglang"]
+    assert ["--tensor-parallel-size", "--tp-size"] in found and ["--model", "--model-path"] in found
+
+
 @pytest.mark.parametrize(
     ("env", "message"),
     [
@@ -160,6 +171,16 @@ def test_real_parser_rejects_what_check_extra_args_refuses() -> None:
         ({"GLM5_EXTRA_ARGS": "--cuda-graph-max-bs 256"}, "set GLM5_CUDA_GRAPH_MAX_BS_DECODE"),
         ({"GLM5_EXTRA_ARGS": "--enable-piecewise-cuda-graph"}, "--cuda-graph-backend-prefill breakable"),
         ({"GLM5_EXTRA_ARGS": "--tp-size 4"}, "built for TP8"),
+        (
+            {"GLM5_EXTRA_ARGS": "--tensor-parallel-size 4"},
+            "GLM5_EXTRA_ARGS: --tensor-parallel-size, sglang's other name of --tp-size, is set by the "
+            "configuration; fix: use nothing: the image is built for TP8",
+        ),
+        (
+            {"GLM5_EXTRA_ARGS": "--host 127.0.0.1"},
+            "GLM5_EXTRA_ARGS: --host is set by the configuration; fix: use nothing: the published port, the "
+            "Service and the probes reach the server on this address",
+        ),
         ({"GLM5_EXTRA_ARGS": "--mem-fraction-static=0.9"}, "use GLM5_MEM_FRACTION_STATIC"),
         ({"GLM5_API_KEY": "a", "GLM5_API_KEY_FILE": "/run/secrets/k"}, "both set"),
         ({"GLM5_API_KEY_FILE": "/nonexistent/key"}, "cannot read /nonexistent/key"),

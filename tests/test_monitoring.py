@@ -573,3 +573,13 @@ def test_the_readme_names_every_alert_and_no_other() -> None:
     text = (ROOT / "README.md").read_text()
     section = text[text.index("### Monitoring") :].split("\n### ", 1)[0]
     assert set(re.findall(r"GLM5[A-Z][A-Za-z]+", section)) == set(rules())
+
+
+def test_a_runbook_that_says_fix_a_setting_says_how_the_change_is_read() -> None:
+    """GLM5StartFailed said "fix the setting ..., then restart the container": `docker compose restart` does not
+    re-read glm5.env (its env_file); `docker compose up -d` recreates the container with it."""
+    rules = yaml.safe_load((PROM / "alerts.yml").read_text())["groups"]
+    runbooks = {r["alert"]: r["annotations"]["runbook"] for g in rules for r in g["rules"] if "alert" in r}
+    told = [name for name, text in runbooks.items() if "setting" in text and "restart" in text]
+    assert "GLM5StartFailed" in told
+    assert [name for name in told if "docker compose up -d glm5" not in runbooks[name]] == []

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from common.report import Log, Problems
 from configuration import config, settings
 from conftest import ROOT, kit_env
 from entrypoint import doctor, preflight, weights
+from helpers.sandbox import NEEDS_BWRAP, sandbox
 from helpers.unprivileged import reachable_copy
 
 SMI = ROOT / "tests" / "fixtures" / "nvidia-smi"
@@ -236,6 +238,43 @@ def test_server_flags_go_through_sglangs_own_resolution() -> None:
         assert said in found[0].message, found[0].message
 
 
+@pytest.mark.boots
+def test_sglang_that_cannot_be_imported_is_the_images_fault_not_extra_args(tmp_path: Path) -> None:
+    """A preflight whose Python lacked sglang's dependencies said `[42] GLM5_EXTRA_ARGS: sglang refused the server
+    flags: ModuleNotFoundError ...`, with GLM5_EXTRA_ARGS empty. Here a Python with no sglang at all stands in."""
+    argv = config.resolve({"GLM5_MODEL_DIR": str(GLM5_CONFIG)}).public_argv()[3:]
+    bare = tmp_path / "python"  # the system Python, without the kit's venvs on its path
+    bare.write_text(f'#!/bin/sh\nexec env -u PYTHONPATH {sys.base_prefix}/bin/python3 -I "$@"\n')
+    bare.chmod(0o755)
+    (found,) = preflight.check_flags(argv, str(bare))
+    assert found.code == preflight.SERVER_FLAGS and found.setting == "the image", found
+    assert "ModuleNotFoundError: No module named" in found.message and "rebuild it" in found.fix
+
+
+@pytest.mark.skipif(not BENCH_PYTHON.exists(), reason="ci/setup-test-env bench makes .venv-bench")
+@pytest.mark.boots
+def test_a_refused_flag_names_extra_args_only_when_it_is_set() -> None:
+    argv = config.resolve({"GLM5_MODEL_DIR": str(GLM5_CONFIG)}).public_argv()[3:]
+    extra = ["--retraction-policy", "priority"]
+    (mine,) = preflight.check_flags([*argv, *extra], str(BENCH_PYTHON), extra_args=extra)
+    assert mine.setting == "GLM5_EXTRA_ARGS" and "fix or remove the flag" in mine.message
+    (kit,) = preflight.check_flags([*argv, *extra], str(BENCH_PYTHON))  # as if glm5.toml's [[flag]] said it
+    assert kit.setting.startswith("the server flags") and "GLM5_EXTRA_ARGS" not in str(kit)
+
+
+def test_the_preflight_exit_code_table_holds_each_code_of_preflight_and_the_doctor_once() -> None:
+    """docs/reference.md's table is rendered from preflight.EXIT_CODES (ci/render): it lacked none of the codes,
+    but a new one must not go missing from it."""
+    listed = [code for codes, _, _ in preflight.EXIT_CODES for code in codes]
+    constants = {
+        value
+        for module in (preflight, doctor)
+        for name, value in vars(module).items()
+        if name.isupper() and isinstance(value, int) and not isinstance(value, bool) and 2 < value < 100
+    }
+    assert sorted(listed) == sorted(constants)
+
+
 def test_skip_setting_is_validated_and_logged(tmp_path: Path) -> None:
     assert settings.resolve({"GLM5_SKIP_PREFLIGHT": "gpu,shm"})["skip_preflight"] == {"gpu", "shm"}
     every = settings.resolve({"GLM5_SKIP_PREFLIGHT": "all"})["skip_preflight"]
@@ -319,8 +358,8 @@ def test_the_start_no_longer_downloads_and_names_the_step_that_does() -> None:
         settings.resolve({"GLM5_DOWNLOAD": "1"})
     assert [str(p) for p in err.value.problems] == [
         "GLM5_DOWNLOAD: was removed; fix: download the weights as a step before the start: `docker compose run "
-        "--rm glm5 download` (compose) or the weights Job (k8s/base/job-weights.yaml); a download inside the start "
-        "would outlast the 40-minute startup probes"
+        "--rm download` (compose) or the weights Job (k8s/base/job-weights.yaml); a 410 GB download inside the "
+        "start would outlast its 40-minute budget (startup_budget_seconds)"
     ]
 
 
@@ -372,6 +411,22 @@ def test_download_of_a_folder_uid_1000_cannot_write_names_the_fix(request: pytes
     assert f"GLM5_MODEL_HOST_DIR: {host} is not writable by UID 1000" in done.stderr
     assert "sudo install -d -o 1000 -g 0" in done.stderr
     assert not (host / "GLM-5-NVFP4").exists()
+
+
+@NEEDS_BWRAP
+@pytest.mark.boots
+def test_download_into_the_serving_services_read_only_weights_names_the_service_that_writes(
+    tmp_path: Path,
+) -> None:
+    """`docker compose run --rm glm5 download`, once the glm5 service mounts the weights read-only: bubblewrap's
+    read-only bind stands for the mount (root's write permission does not help on a read-only mount)."""
+    weights = tmp_path / "GLM-5-NVFP4"
+    weights.mkdir()
+    done = run_download({"GLM5_MODEL_DIR": str(weights)}, *sandbox(ROOT, ("ro", weights)))
+    assert done.returncode == preflight.MODEL_DIR_MISSING, done.stderr
+    assert f"download: {weights} is mounted read-only" in done.stderr
+    assert "`docker compose run --rm download`" in done.stderr
+    assert not any(weights.iterdir())
 
 
 @pytest.mark.boots

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -133,3 +136,163 @@ def test_every_document_link_lands() -> None:
         for fragment in re.findall(r"\]\(#([^)]+)\)", text):
             headings = {anchor(h) for h in re.findall(r"^#{1,4} (.+)$", text, re.M)}
             assert fragment in headings, f"{doc.name} links to #{fragment}: no such heading"
+
+
+def shell_block(after: str) -> str:
+    """The first ```sh block of the README after the text AFTER, its lines unindented."""
+    rest = README.split(after, 1)[1]
+    body = rest.split("```sh\n", 1)[1].split("```", 1)[0]
+    return "\n".join(line.strip() for line in body.splitlines()) + "\n"
+
+
+STAND_INS = {
+    # the operator is UID 1001, not the image's 1000: `id -u` says so, sudo runs as root (the test is), and the
+    # download (`hf download REPO --local-dir DIR`) writes as that user.
+    "id": '[ "$1" = -u ] && echo 1001 || exec /usr/bin/id "$@"\n',
+    "sudo": 'exec "$@"\n',
+    "hf": 'exec setpriv --reuid 1001 --regid 1001 --clear-groups touch "$4/config.json"\n',
+}
+
+
+def test_the_quick_starts_weights_step_works_for_an_operator_who_is_not_uid_1000(
+    request: pytest.FixtureRequest,
+) -> None:
+    """Step 1 as written made the folder UID 1000's (mode 0775) and then downloaded as the operator: refused for
+    every UID but 1000. Run here with the download as a write by UID 1001 (setpriv); the folder ends up UID 1000's."""
+    if os.getuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to act as an operator whose UID is not 1000")
+    scratch = Path(tempfile.mkdtemp(prefix="glm5-readme-"))  # /tmp: pytest's own folder is 0700
+    scratch.chmod(0o755)
+    request.addfinalizer(lambda: shutil.rmtree(scratch))
+    bin_dir = scratch / "bin"
+    bin_dir.mkdir()
+    for name, body in STAND_INS.items():
+        (bin_dir / name).write_text("#!/bin/sh\n" + body)
+        (bin_dir / name).chmod(0o755)
+    folder = scratch / "models" / "GLM-5-NVFP4"
+    block = shell_block("1. **The weights, on the host first**")
+    assert "hf download nvidia/GLM-5-NVFP4 --local-dir /srv/models/GLM-5-NVFP4" in block
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", block.replace("/srv/models/GLM-5-NVFP4", str(folder))],
+        env=os.environ | {"PATH": f"{bin_dir}:{os.environ['PATH']}"},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    for path in (folder, folder / "config.json"):
+        assert (path.stat().st_uid, path.stat().st_gid) == (1000, 0), path
+
+
+def exit_code_tools(code: str) -> list[str]:
+    (tools,) = [t for c, _, t in render.EXIT_CODES if c == code]
+    return [t.strip() for t in tools.split(",")]
+
+
+# How each tool the exit-code table lists for code 3 is run here, offline and at once.
+INVALID_SETTING_RUNS = {
+    "entrypoint": ["entrypoint/entrypoint.sh", "doctor"],
+    "launch": ["entrypoint/launch", "--dry-run"],
+    "doctor": ["entrypoint/doctor"],
+    "download": ["entrypoint/download"],
+    "gateway/launch": ["gateway/launch", "--kubernetes", "glm5", "--dry-run"],
+    "ci/smoke": ["ci/smoke", "--url", "http://127.0.0.1:9"],
+    "ci/bench": ["ci/bench", "--url", "http://127.0.0.1:9"],
+    "ci/eval": ["ci/eval", "--url", "http://127.0.0.1:9"],
+}
+
+
+def run_tool(argv: list[str], **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("GLM5_")}
+    path = f"{ROOT / '.venv' / 'bin'}:{clean['PATH']}"  # the in-image tools import the image's packages
+    return subprocess.run(
+        [str(ROOT / argv[0]), *argv[1:]],
+        env=clean | {"PATH": path} | env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+
+
+@pytest.mark.boots
+def test_every_tool_the_exit_code_table_lists_for_3_exits_3_for_an_unknown_setting() -> None:
+    """The table listed the healthcheck under 3, which warns and judges with glm5.toml's value instead."""
+    assert sorted(exit_code_tools("3")) == sorted([*INVALID_SETTING_RUNS, "kernels/build"])
+    for tool, argv in INVALID_SETTING_RUNS.items():
+        done = run_tool(argv, GLM5_NO_SUCH_SETTING="1")
+        assert done.returncode == 3, (tool, done.stderr[-2000:])
+        assert "GLM5_NO_SUCH_SETTING" in done.stderr, tool
+    unfit = run_tool(["kernels/build", "--dry-run", "--modules", "ci"], CUDA_HOME="/nonexistent")
+    assert unfit.returncode == 3 and "CUDA_HOME" in unfit.stderr, unfit.stderr
+    log = "tests/fixtures/logs/sglang-0.5.23-oom-during-decode-capture.log"
+    probe = run_tool(
+        ["healthcheck/healthcheck", "--status", "--no-http", "--log", log], GLM5_NO_SUCH_SETTING="1"
+    )
+    assert probe.returncode != 3 and "GLM5_NO_SUCH_SETTING" in probe.stderr
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["image/assert-versions"], ["ci/render-dashboard"], ["ci/build-image"], ["image/relock"]],
+)
+def test_help_exits_0_and_an_unknown_option_exits_2_without_doing_anything(argv: list[str]) -> None:
+    """image/assert-versions took --help for a pin (exit 1); ci/render-dashboard --help went on to run ci/render,
+    which rewrites files; ci/build-image took an option for the image's tag; image/relock ignored its arguments."""
+    helped = run_tool([*argv, "--help"])
+    assert helped.returncode == 0 and helped.stdout, helped.stderr
+    assert "ci/render:" not in helped.stdout  # nothing rendered, nothing written
+    refused = run_tool([*argv, "--no-such-option"])
+    assert refused.returncode == 2, refused.stderr
+    assert "ci/render:" not in refused.stdout
+
+
+def test_no_document_describes_a_startup_probe() -> None:
+    """The pod has none (tests/test_render.py), yet k8s/README.md listed "startup/readiness/liveness probes" and
+    glm5.toml's removed-setting message spoke of "the 40-minute startup probes"."""
+    listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    documents = [ROOT / rel for rel in listed.split() if rel.endswith((".md", ".toml", ".yaml", ".yml"))]
+    claim = re.compile(r"(?<!no )startup[ -]probe|startup/readiness|startupProbe", re.I)
+    found = [f"{p.relative_to(ROOT)}: {m.group(0)}" for p in documents for m in claim.finditer(p.read_text())]
+    assert found == []
+
+
+def test_the_troubleshooting_oom_line_is_what_the_healthcheck_prints() -> None:
+    """The README quoted `failed: out of memory: ... (during decode graph capture (37/52))`, a form the healthcheck
+    never printed: each part of the quoted line, between its `...`, must be in its output for a real OOM log."""
+    (quoted,) = re.findall(r"\*\*Out of memory during capture\*\* \(`([^`]+)`\)", " ".join(README.split()))
+    log = "tests/fixtures/logs/sglang-0.5.23-oom-during-decode-capture.log"
+    said = run_tool(["healthcheck/healthcheck", "--status", "--no-http", "--log", log]).stdout
+    at = 0
+    for part in filter(None, (p.strip() for p in quoted.split("..."))):
+        at = said.find(part, at)
+        assert at >= 0, (part, said)
+
+
+HOST_TOOLS = ("ci/render", "ci/bench", "entrypoint/doctor", "ci/smoke", "ci/eval", "ci/setup-test-env")
+# python3 as an Ubuntu 22.04 host has it (3.10: no tomllib, so ci/render and doctor died with a traceback), and as
+# Debian 12 / Ubuntu 24.04 have it without python3-venv (ci/smoke's first run failed making .venv-smoke).
+OLD_PYTHON = 'case "$*" in *version_info*) echo 3.10; exit 1 ;; esac; exit 1\n'
+NO_VENV = f'case "$*" in *ensurepip*) exit 1 ;; esac; exec {sys.executable} "$@"\n'
+
+
+@pytest.mark.parametrize("tool", HOST_TOOLS)
+@pytest.mark.parametrize(("python3", "said"), [(OLD_PYTHON, "need 3.11 or newer"), (NO_VENV, "python3-venv")])
+def test_host_tools_name_the_python_they_need(tmp_path: Path, tool: str, python3: str, said: str) -> None:
+    if said == "python3-venv" and tool not in ("ci/smoke", "ci/eval", "ci/setup-test-env"):
+        pytest.skip("makes no venv")
+    (tmp_path / "python3").write_text("#!/bin/sh\n" + python3)
+    (tmp_path / "python3").chmod(0o755)
+    path = f"{tmp_path}:{os.environ['PATH']}"
+    done = subprocess.run(
+        [str(ROOT / tool), "no-such-env" if tool == "ci/setup-test-env" else "--help"],
+        env=os.environ | {"PATH": path},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 127, done.stdout + done.stderr
+    assert f"{tool}: error: python3" in done.stderr and said in done.stderr and "fix:" in done.stderr
+    assert "Traceback" not in done.stderr

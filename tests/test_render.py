@@ -189,13 +189,15 @@ def test_a_failed_start_counts_for_the_whole_startup_budget(tmp_path: Path) -> N
 
 @pytest.mark.boots
 def test_gpu_count_and_image_follow_the_source(tmp_path: Path) -> None:
-    _, c, p = rendered_with(
+    root, c, p = rendered_with(
         tmp_path,
         ('image = "glm5-serve:0.1.0"', 'image = "registry.example/glm5-serve:0.2.0"'),
         ("gpu_count = 8", "gpu_count = 4"),
     )
     assert c["image"] == "${GLM5_IMAGE:-registry.example/glm5-serve:0.2.0}"  # compose: GLM5_IMAGE in .env
-    assert p["spec"]["containers"][0]["image"] == "registry.example/glm5-serve"  # tag: kustomization.yaml
+    assert p["spec"]["containers"][0]["image"] == "glm5-serve"  # the name k8s/components/image rewrites
+    component = yaml.safe_load((root / render.IMAGE_COMPONENT).read_text())["images"]
+    assert component == [{"name": "glm5-serve", "newName": "registry.example/glm5-serve", "newTag": "0.2.0"}]
     assert c["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == ["0", "1", "2", "3"]
     assert p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 4
 

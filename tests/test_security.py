@@ -4,9 +4,11 @@ double under a read-only root (bubblewrap) with only the paths docker-compose.ym
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -20,6 +22,8 @@ from conftest import ROOT
 from helpers import k8s
 from helpers.container import Container, free_port, start, stop_inside
 from helpers.sandbox import NEEDS_BWRAP, sandbox
+
+BIN = Path(sys.executable).parent
 
 CHECKOV = ROOT / ".venv-checkov" / "bin" / "checkov"
 
@@ -222,7 +226,7 @@ def services() -> dict[str, dict[str, Any]]:
     return dict(yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"])
 
 
-@pytest.mark.parametrize("name", ["glm5", "gateway", "prometheus", "grafana"])
+@pytest.mark.parametrize("name", ["glm5", "download", "gateway", "prometheus", "grafana"])
 def test_every_compose_service_drops_capabilities_and_runs_read_only(name: str) -> None:
     s = services()[name]
     assert (
@@ -233,15 +237,18 @@ def test_every_compose_service_drops_capabilities_and_runs_read_only(name: str) 
     assert "privileged" not in s and "cap_add" not in s
     bind = "GLM5_MONITORING_BIND" if name in ("prometheus", "grafana") else "GLM5_BIND"
     for port in s.get("ports", []):
-        assert port.startswith(f"${{{bind}:-127.0.0.1}}:"), port
+        owner = "GLM5_EXPORTER_BIND" if f":{DEPLOYMENT['exporter_port']}:" in port else bind
+        assert port.startswith(f"${{{owner}:-127.0.0.1}}:"), port
 
 
 def writable(service: dict[str, Any]) -> list[str]:
-    """The container paths a compose service can write: its tmpfs mounts and its named volumes not mounted :ro."""
+    """The container paths a compose service can write: its tmpfs mounts and its volumes and binds not read-only."""
     paths = [t.split(":")[0] for t in service.get("tmpfs", [])]
     for volume in service.get("volumes", []):
-        if isinstance(volume, dict):  # the long syntax: a named volume is type volume
-            if volume["type"] == "volume" and not volume.get("read_only"):
+        if isinstance(
+            volume, dict
+        ):  # the long syntax: a named volume (type volume) or a host folder (type bind)
+            if not volume.get("read_only"):
                 paths.append(volume["target"])
             continue
         source, target, *mode = volume.split(":")
@@ -255,6 +262,45 @@ def test_the_server_service_writes_only_where_the_pod_does() -> None:
     (server,) = pod["containers"]
     mounts = {m["mountPath"] for m in server["volumeMounts"] if not m.get("readOnly")}
     assert set(writable(services()["glm5"])) | {"/dev/shm"} == mounts
+
+
+def test_only_the_download_service_writes_the_weights() -> None:
+    """The serving container could rewrite or delete the 410 GB checkpoint: the weights were a read-write bind."""
+    model_dir = DEPLOYMENT["model_dir"]
+    assert [name for name, s in services().items() if model_dir in writable(s)] == ["download"]
+    assert services()["download"]["profiles"] == ["download"]  # `docker compose run --rm download` only
+
+
+def compose_config(*args: str, **env: str) -> dict[str, Any]:
+    """The compose file as the real compose reads it (docker-compose config), under these host settings."""
+    done = subprocess.run(
+        [str(BIN / "docker-compose"), "-f", "docker-compose.yml", *args, "config", "--format", "json"],
+        capture_output=True, text=True, cwd=ROOT, check=False, timeout=120,
+        env={k: v for k, v in os.environ.items() if not k.startswith(("GLM5_", "GF_"))} | env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return dict(json.loads(done.stdout)["services"])
+
+
+def test_the_exporter_stays_on_loopback_when_the_api_is_published() -> None:
+    """The exporter (/metrics, /ready: failure reasons, capacity) has no key: it was published on GLM5_BIND, so a
+    multi-host setup's GLM5_BIND=0.0.0.0 opened it to the network. GLM5_EXPORTER_BIND alone publishes it."""
+    published = {p["target"]: p["host_ip"] for p in compose_config(GLM5_BIND="0.0.0.0")["glm5"]["ports"]}
+    assert published == {DEPLOYMENT["port"]: "0.0.0.0", DEPLOYMENT["exporter_port"]: "127.0.0.1"}
+    published = {
+        p["target"]: p["host_ip"] for p in compose_config(GLM5_EXPORTER_BIND="10.0.0.11")["glm5"]["ports"]
+    }
+    assert published[DEPLOYMENT["exporter_port"]] == "10.0.0.11"
+
+
+def test_grafana_has_no_login_for_admin_admin_to_open() -> None:
+    """Grafana's admin/admin opened the published Grafana: GF_SECURITY_ADMIN_PASSWORD set in .env or the shell never
+    reached the service (and Grafana reads it only when its database is first made). No login form, no basic auth:
+    anonymous viewers only (Grafana's [auth] disable_login_form, [auth.basic] enabled)."""
+    grafana = compose_config("--profile", "monitoring", GF_SECURITY_ADMIN_PASSWORD="s3cret")["grafana"]
+    env = grafana["environment"]
+    assert env["GF_AUTH_DISABLE_LOGIN_FORM"] == "true" and env["GF_AUTH_BASIC_ENABLED"] == "false"
+    assert env["GF_AUTH_ANONYMOUS_ENABLED"] == "true" and env["GF_AUTH_ANONYMOUS_ORG_ROLE"] == "Viewer"
 
 
 def bwrap_for(tmp: Path, service: dict[str, Any], root: Path) -> tuple[list[str], dict[str, str]]:

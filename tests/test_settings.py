@@ -99,8 +99,10 @@ def test_the_port_is_one_rendered_value() -> None:
 @pytest.mark.parametrize("flag", sorted(config.owned_flags(settings.load_config())))
 def test_every_flag_the_configuration_owns_is_refused_in_extra_args(flag: str) -> None:
     owner = config.owned_flags(settings.load_config())[flag]
+    alias_of = config.owned_aliases(config.owned_names(settings.load_config())).get(flag)
+    shown = f"{flag}, sglang's other name of {alias_of}," if alias_of else flag
     found = problems_of({"GLM5_EXTRA_ARGS": f"{flag}=1"})
-    assert found == [f"GLM5_EXTRA_ARGS: {flag} is set by the configuration; fix: use {owner}"]
+    assert found == [f"GLM5_EXTRA_ARGS: {shown} is set by the configuration; fix: use {owner}"]
 
 
 def test_each_setting_owns_its_flag() -> None:

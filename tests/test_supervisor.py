@@ -352,7 +352,7 @@ def test_an_empty_model_folder_is_one_clear_message_and_no_loop(
     found = wait_for_recorded_failure(c)
     assert found["failed_code"] == 30
     assert found["reason"].startswith(f"preflight: GLM5_MODEL_HOST_DIR: {empty} is empty")
-    assert "docker compose run --rm glm5 download" in found["reason"] and "hf download" in found["reason"]
+    assert "docker compose run --rm download" in found["reason"] and "hf download" in found["reason"]
     assert not c.log.exists()  # no server was started, so nothing was loaded
     c.proc.send_signal(signal.SIGTERM)
     assert c.proc.wait(timeout=15) == 30

@@ -9,6 +9,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from conftest import ROOT
 from healthcheck import phase
 from verify import gate, items, run
 
@@ -146,3 +147,21 @@ def test_regressions_are_items_right_on_the_earlier_build_and_wrong_now(tmp_path
     now = record(1, {"fact-japan", "json-0"})["results"]
     assert gate.regressions(now, earlier["results"]) == ["fact-japan", "json-0"]
     assert gate.regressions(now, gate.earlier_build(tmp_path, "old")["results"]) == ["json-0"]  # type: ignore[index]
+
+
+def test_the_readmes_describe_the_set_that_is_generated() -> None:
+    """The README said facts were batched and verify/README.md said one tool call: four facts alone, two tools."""
+    found = items.generate()
+    by = {(i.kind, i.batch): 0 for i in found}
+    for i in found:
+        by[i.kind, i.batch] += 1
+    assert by == {
+        ("fact", 1): 4, ("arithmetic", 1): 4, ("arithmetic", 8): 8, ("arithmetic", 32): 32,
+        ("retrieval", 1): 4, ("json", 1): 2, ("tool", 1): 2, ("reasoning", 1): 1,
+    }  # fmt: skip
+    said = "four facts and four sums alone, sums in batches of 8 and 32"
+    for readme in (ROOT / "README.md", ROOT / "verify" / "README.md"):
+        text = " ".join(readme.read_text().split())
+        assert "two JSON answers, two tool calls, a reasoning answer" in text, readme
+        assert said.replace("four facts", "four short facts") in text or said in text, readme
+    assert f"{len(found)} items made from a fixed seed" in " ".join((ROOT / "README.md").read_text().split())
