@@ -20,6 +20,8 @@ INVALID_SETTING = 3
 NEVER_READY = 4
 SERVER_EXISTS = 5
 FATAL = 70
+WRONG_ANSWERS = 71
+VERIFY_INCONCLUSIVE = 72
 NO_SERVER_PROGRAM = 127
 
 EXIT_CODES: tuple[tuple[str, str, str], ...] = (
@@ -34,6 +36,7 @@ EXIT_CODES: tuple[tuple[str, str, str], ...] = (
     ("10-42", "preflight found a problem with the box, the weights, FlashInfer or the flags (first problem's code; 41: GLM5_SKIP_PREFLIGHT names an unknown check)", "entrypoint, launch --prepare, launch --dry-run (41)"),
     ("30-36", "the weights are missing or incomplete, or lack what a setting needs (preflight's model check)", "download, launch --prepare"),
     ("70", "the server kept failing to start (supervisord FATAL)", "entrypoint"),
+    ("71-72", "the start's verification failed in two whole runs (GLM5_VERIFY=enforce; verified.json names the items): 71 wrong answers, 72 inconclusive (replies cut at the raised token bound, or HTTP errors and timeouts after the retries)", "entrypoint"),
     ("127", "the server program is not installed", "launch --serve"),
 )  # fmt: skip
 
@@ -54,7 +57,7 @@ FAILURE_KINDS: tuple[tuple[int, str, str], ...] = (
     (210, "decode_short", "fewer decode CUDA graphs captured than expected"),
     (211, "prefill_short", "fewer prefill CUDA graphs captured than expected"),
     (212, "no_decode_capture", "ready without a decode CUDA graph capture: decode runs without graphs"),
-    (213, "wrong_answers", "the start's verification failed: the server answers wrongly (GLM5_VERIFY; verified.json names the items)"),
+    (213, "wrong_answers", "the start's verification failed: the server answers wrongly (GLM5_VERIFY; verified.json names the items); once verify/gate records it (enforce), the exit code 71 or 72 instead"),
 )  # fmt: skip
 FAILURE_CODE = {kind: code for code, kind, _ in FAILURE_KINDS}
 
