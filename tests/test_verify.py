@@ -5,6 +5,7 @@ server would send it, to the kit's judges."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -237,21 +238,41 @@ def parsed(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return messages
 
 
-def parser_asker(at: int = 0) -> tuple[run.Ask, list[int]]:
-    """An Ask answering every item worded otherwise, cut at the request's max_tokens, through SGLang's parsers (all
-    the texts parsed at once, for the item's bound and the raised one); and the bounds asked, in order."""
+@functools.cache
+def through_the_parsers() -> tuple[
+    dict[tuple[int, str, int], tuple[dict[str, Any], str]], list[dict[str, Any]]
+]:
+    """Every item worded otherwise (both variants), cut at its bound and at the raised one, and three probes of the parsers' own output, through
+    SGLang's parsers in one run of the oracle (it imports sglang: seconds): the replies by (variant, prompt, bound)
+    with their finish_reason, and the probes' messages."""
     keys, cases = [], []
-    for item in items.generate():
-        for bound in (item.max_tokens, item.max_tokens * run.LENGTH_FACTOR):
-            text, finish = cut(worded_otherwise(item, at), bound)
-            keys.append((item.prompt, bound, finish))
-            cases.append({"text": text, "thinking": item.thinking, "tools": item.tools})
-    replies = {(prompt, bound): (message, finish) for (prompt, bound, finish), message in zip(keys, parsed(cases), strict=True)}  # fmt: skip
+    for at in (0, 1):
+        for item in items.generate():
+            for bound in (item.max_tokens, item.max_tokens * run.LENGTH_FACTOR):
+                text, finish = cut(worded_otherwise(item, at), bound)
+                keys.append((at, item.prompt, bound, finish))
+                cases.append({"text": text, "thinking": item.thinking, "tools": item.tools})
+    tool, reasoning = the("tool-madrid"), the("reasoning-train")
+    probes = [
+        {"text": worded_otherwise(tool), "thinking": False, "tools": tool.tools},
+        {"text": worded_otherwise(reasoning), "thinking": True, "tools": []},
+        {"text": THINKING, "thinking": True, "tools": []},
+    ]
+    messages = parsed(cases + probes)
+    replies = {(at, prompt, bound): (message, finish)
+               for (at, prompt, bound, finish), message in zip(keys, messages[: len(cases)], strict=True)}  # fmt: skip
+    return replies, messages[len(cases) :]
+
+
+def parser_asker(at: int = 0) -> tuple[run.Ask, list[int]]:
+    """An Ask answering every item worded otherwise, cut at the request's max_tokens, through SGLang's parsers; and
+    the bounds asked, in order."""
+    replies = through_the_parsers()[0]
     asked: list[int] = []
 
     def ask(request: dict[str, Any]) -> run.Reply:
         asked.append(request["max_tokens"])
-        message, finish = replies[(request["messages"][0]["content"], request["max_tokens"])]
+        message, finish = replies[(at, request["messages"][0]["content"], request["max_tokens"])]
         return run.Reply(message, len(request["messages"][0]["content"]) // 4, finish)
 
     return ask, asked
@@ -273,12 +294,7 @@ def test_a_right_model_worded_otherwise_passes_through_sglangs_own_parsers(at: i
 
 def test_sglangs_parsers_give_the_messages_the_judges_read() -> None:
     """The oracle's messages are SGLang's: a glm47 call with a JSON-string argument object, thinking split off."""
-    tool, reasoning = the("tool-madrid"), the("reasoning-train")
-    call, thought, unfinished = parsed([
-        {"text": worded_otherwise(tool), "thinking": False, "tools": tool.tools},
-        {"text": worded_otherwise(reasoning), "thinking": True, "tools": []},
-        {"text": THINKING, "thinking": True, "tools": []},
-    ])  # fmt: skip
+    call, thought, unfinished = through_the_parsers()[1]
     assert call["tool_calls"][0]["function"]["name"] == "get_weather" and not call["content"]
     assert json.loads(call["tool_calls"][0]["function"]["arguments"])["location"] == "Madrid, Spain"
     assert thought["content"].startswith("The train arrives at") and thought["reasoning_content"]

@@ -145,7 +145,7 @@ def judged(item: item_set.Item, reply: Reply) -> tuple[bool, str]:
 def one(ask: Ask, model: str, item: item_set.Item, pause: float = TRANSPORT_PAUSE) -> Result:
     """An item asked and judged: again with LENGTH_FACTOR x its bound once when cut and not right, each ask
     repeated on transport errors."""
-    began, budget, attempts = time.monotonic(), item.max_tokens, 0
+    began, budget, attempts, raised = time.monotonic(), item.max_tokens, 0, False
     while True:
         reply, count, error = asked(ask, item.request(model, budget), pause)
         attempts += count
@@ -160,8 +160,8 @@ def one(ask: Ask, model: str, item: item_set.Item, pause: float = TRANSPORT_PAUS
         right, received = judged(item, reply)
         tokens = reply.prompt_tokens
         cut = reply.finish_reason == "length" and not right
-        if cut and budget == item.max_tokens:
-            budget *= LENGTH_FACTOR
+        if cut and not raised:
+            budget, raised = budget * LENGTH_FACTOR, True
             continue
         outcome = "right" if right else "inconclusive" if cut else "wrong"
         if cut:
