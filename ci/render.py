@@ -33,6 +33,8 @@ from configuration.batch_sizes import effective_decode_max_bs
 from entrypoint import preflight
 from healthcheck.verdict import Phase
 from kernels import modules as kernel_modules
+from verify import items as verify_items
+from verify import run as verify_run
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = "entrypoint/glm5.toml"
@@ -80,7 +82,7 @@ INTERNALS = "docs/internals.md"
 # The generated blocks (between `<!-- ci/render: NAME -->` markers), by the document that holds them.
 BLOCKS = {
     README: ("phases", "exit-codes", "figures"),
-    REFERENCE: ("configuration", "preflight-exit-codes", "failure-codes"),
+    REFERENCE: ("configuration", "preflight-exit-codes", "failure-codes", "verification"),
     INTERNALS: ("kernels",),
 }
 DOCUMENTS = tuple(BLOCKS)
@@ -382,6 +384,19 @@ def readme_blocks(cfg: Mapping[str, Any]) -> dict[str, Callable[[], str]]:
         rows += [f"| {code} | `{kind}` | {meaning} |" for code, kind, meaning in FAILURE_KINDS]
         return "\n".join(rows) + "\n"
 
+    def verification() -> str:
+        rows = ["| kind | the same answer | may miss | why |", "|---|---|---|---|"]
+        for kind, same in verify_items.SAME_ANSWER.items():
+            share, why = verify_run.TOLERANCE[kind]
+            rows.append(f"| {kind} | {same} | {share:.0%} of its group | {why} |")
+        rows += [
+            "",
+            f"A reply cut by its token bound and not right is asked again once at {verify_run.LENGTH_FACTOR}x the "
+            f"bound; an HTTP error or timeout up to {verify_run.TRANSPORT_ATTEMPTS} asks in all, "
+            f"{verify_run.TRANSPORT_PAUSE:g} s apart.",
+        ]
+        return "\n".join(rows) + "\n"
+
     def kernels() -> str:
         def figure(module: kernel_modules.Module, key: str, unit: str) -> str:
             value = module.figures.get(key)
@@ -412,6 +427,7 @@ def readme_blocks(cfg: Mapping[str, Any]) -> dict[str, Callable[[], str]]:
         "figures": figures,
         "failure-codes": failure_codes,
         "preflight-exit-codes": lambda: preflight_exit_codes(values(cfg)),
+        "verification": verification,
     }
 
 

@@ -162,11 +162,14 @@ def check_reasoning(s: Smoke) -> str:
 def check_verification(s: Smoke) -> str:
     """The verification set (verify/): right answers alone, in batches of 8 and 32, from long contexts, as JSON, as
     a tool call and after reasoning; the per-item report goes to smoke.json."""
-    found = verification.summary(verification.run(verification.openai_asker(s.client), s.model))
+    # Run twice when the first run fails, as the start's own gate does.
+    found = verification.settled(verification.openai_asker(s.client), s.model)
     s.metrics["verification"] = {k: v for k, v in found.items() if k != "results"}
     s.metrics["verification_items"] = found["results"]
     if not found["passed"]:
-        raise CheckFailed(f"{found['right']}/{found['items']} right: {'; '.join(found['reasons'])}")
+        raise CheckFailed(
+            f"{found['verdict']}, {found['right']}/{found['items']} right: {'; '.join(found['reasons'])}"
+        )
     return f"{found['right']}/{found['items']} right ({found['accuracy']:.0%}) in {found['seconds']} s"
 
 

@@ -20,7 +20,9 @@ INVALID_SETTING = 3
 NEVER_READY = 4
 SERVER_EXISTS = 5
 FATAL = 70
-HUNG = 72
+WRONG_ANSWERS = 71
+VERIFY_INCONCLUSIVE = 72
+HUNG = 73
 NO_SERVER_PROGRAM = 127
 
 EXIT_CODES: tuple[tuple[str, str, str], ...] = (
@@ -35,7 +37,8 @@ EXIT_CODES: tuple[tuple[str, str, str], ...] = (
     ("10-42", "preflight found a problem with the box, the weights, FlashInfer or the flags (first problem's code; 41: GLM5_SKIP_PREFLIGHT names an unknown check)", "entrypoint, launch --prepare, launch --dry-run (41)"),
     ("30-36", "the weights are missing or incomplete, or lack what a setting needs (preflight's model check)", "download, launch --prepare"),
     ("70", "the server kept failing to start (supervisord FATAL)", "entrypoint"),
-    ("72", "the start hung more than GLM5_START_RETRIES times in a row: the kit stopped restarting it (the reason names where and the fix)", "entrypoint"),
+    ("71-72", "the start's verification failed in two whole runs (GLM5_VERIFY=enforce; verified.json names the items): 71 wrong answers, 72 inconclusive (replies cut at the raised token bound, or HTTP errors and timeouts after the retries)", "entrypoint"),
+    ("73", "the start hung more than GLM5_START_RETRIES times in a row: the kit stopped restarting it (the reason names where and the fix)", "entrypoint"),
     ("127", "a program the tool needs is not installed: the server program (launch --serve); python3 3.11 or newer, or its venv module (the host-side tools)", "launch --serve, ci/render, ci/bench, ci/smoke, ci/eval, ci/setup-test-env, ci/test, doctor"),
 )  # fmt: skip
 
@@ -52,11 +55,11 @@ FAILURE_KINDS: tuple[tuple[int, str, str], ...] = (
     (206, "nccl_watchdog", "the NCCL watchdog caught a collective timeout"),
     (207, "killed", "the server's processes were killed"),
     (208, "exited", "the start's server process exited"),
-    (209, "hung", "no log output for GLM5_STALL_SECONDS while starting: a hang (the stall watchdog restarts it, GLM5_START_RETRIES times at most; then exit code 72)"),
+    (209, "hung", "no log output for GLM5_STALL_SECONDS while starting: a hang (the stall watchdog restarts it, GLM5_START_RETRIES times at most; then exit code 73)"),
     (210, "decode_short", "fewer decode CUDA graphs captured than expected"),
     (211, "prefill_short", "fewer prefill CUDA graphs captured than expected"),
     (212, "no_decode_capture", "ready without a decode CUDA graph capture: decode runs without graphs"),
-    (213, "wrong_answers", "the start's verification failed: the server answers wrongly (GLM5_VERIFY; verified.json names the items)"),
+    (213, "wrong_answers", "the start's verification failed: the server answers wrongly (GLM5_VERIFY; verified.json names the items); once verify/gate records it (enforce), the exit code 71 or 72 instead"),
 )  # fmt: skip
 FAILURE_CODE = {kind: code for code, kind, _ in FAILURE_KINDS}
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from common.report import Problem, Problems
-from configuration import settings
+from configuration import compile_jobs, settings
 from configuration.batch_sizes import decode_batch_sizes, effective_decode_max_bs, prefill_token_sizes
 from configuration.state import SERVER_CONFIG
 
@@ -170,6 +170,7 @@ def resolve(environ: Mapping[str, str], config: Mapping[str, Any] | None = None)
     decls = settings.declarations(config)
     problems = check_extra_args(values["extra_args"], config)
     problems += check_health_timeout(values["health_timeout_seconds"], environ)
+    problems += compile_jobs.check(environ)
     argv = list(SERVER_PROGRAM)
     secret_options: dict[str, str] = {}
     for flag in config["flag"]:
@@ -250,5 +251,7 @@ def reference(cfg: Mapping[str, Any]) -> str:
         )
     lines += ["", "| environment | value | why |", "|---|---|---|"]
     for env in cfg["env"]:
-        lines.append(f"| `{env['name']}` | `{env.get('value', '(image)')}` | {env['reason']} |")
+        lines.append(
+            f"| `{env['name']}` | `{env.get('value', env.get('shown', '(image)'))}` | {env['reason']} |"
+        )
     return "\n".join(lines) + "\n\n" + settings.reference(cfg)

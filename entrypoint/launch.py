@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from common.report import FAILED, INVALID_SETTING, NO_SERVER_PROGRAM, Log, Problems
-from configuration import config, settings, state
+from configuration import compile_jobs, config, settings, state
 from entrypoint import preflight, relay
 
 LOG = Log("glm5-serve")
@@ -68,7 +68,28 @@ def dry_run(effective: config.Effective, as_json: bool) -> int:
             print(f"# {name}={value} (glm5.toml default)")
         else:
             print(f"# {name}={value} (from the environment; glm5.toml's default: {effective.env[name]})")
+    jobs, why = compile_jobs.chosen(os.environ, cores())
+    print(
+        f"# {compile_jobs.SETTING}={jobs} (run-time compiles; {'from the environment' if why == 'environment' else why})"
+    )
     return 0
+
+
+def cores() -> int:
+    """The cores this process may run on (ninja's default is this + 2)."""
+    return len(os.sched_getaffinity(0))
+
+
+def with_compile_jobs(record: dict[str, Any]) -> dict[str, Any]:
+    """The launch record with MAX_JOBS in the server's environment (configuration/compile_jobs.py) and, when the kit
+    sized it, how (`max_jobs_sized`)."""
+    jobs, why = compile_jobs.chosen(os.environ, cores())
+    sized = why != "environment"
+    return record | {
+        "env": record["env"] | {compile_jobs.SETTING: jobs},
+        "env_from": record["env_from"] | {compile_jobs.SETTING: "memory" if sized else "environment"},
+        "max_jobs_sized": why if sized else None,
+    }
 
 
 def prepare_start() -> int:
@@ -128,7 +149,7 @@ def serve(effective: config.Effective) -> int:
     if replacement:
         argv = replacement + argv[len(config.SERVER_PROGRAM) :]
     started_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    record = effective.state(os.environ) | {
+    record = with_compile_jobs(effective.state(os.environ)) | {
         "start": start,
         "pid": os.getpid(),
         "started_at": started_at,
@@ -139,6 +160,11 @@ def serve(effective: config.Effective) -> int:
         start, started_at, os.getpid(), record["decode_expected"], record["prefill_expected"]
     )
     print(marker, flush=True)
+    if record["max_jobs_sized"]:
+        LOG.info(
+            f"{compile_jobs.SETTING}={record['env'][compile_jobs.SETTING]} for run-time compiles: "
+            f"{record['max_jobs_sized']} (set {compile_jobs.SETTING} to override)"
+        )
     if replacement:
         LOG.warning(f"GLM5_SERVER_PROGRAM replaces the server program with: {shlex.join(replacement)}")
     if shutil.which(argv[0]) is None:

@@ -78,7 +78,7 @@ RESTARTED, STOPPED = "restarted", "stopped"  # what watch did
 
 def watch(rpc: Supervisor, judge: Callable[[], Verdict | None], state_dir: str, retries: int) -> str | None:
     """Restart a running server whose start is hung (RESTARTED), `retries` times in a row at most (hangs.json); then
-    record the failure with where it hung and the fix (exit code 72) and stop the server (STOPPED); None: nothing to
+    record the failure with where it hung and the fix (exit code 73) and stop the server (STOPPED); None: nothing to
     do. A start that reaches ready clears the count."""
     if rpc.getProcessInfo(SERVER).get("statename") not in ("STARTING", "RUNNING"):
         return None

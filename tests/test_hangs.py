@@ -1,5 +1,5 @@
 """Hangs fail safe: a hung start is restarted by the stall watchdog, and counted (hangs.json); a start that hangs
-again and again becomes a recorded failure naming where it hung and the fix (exit code 72), which liveness leaves
+again and again becomes a recorded failure naming where it hung and the fix (exit code 73), which liveness leaves
 alone and nothing the kit controls restarts. The FlashInfer autotune, silent until it ends, is a phase of its own
 with a stall bound of its own. In process: the log is aged, not waited for."""
 
@@ -62,7 +62,7 @@ def test_a_hang_that_repeats_ends_as_a_recorded_failure_after_the_retries(tmp_pa
     assert lifecycle.watch(rpc, lambda: hung_start(2), run, 1) == lifecycle.STOPPED
     assert rpc.calls == ["stop sglang", "start sglang", "stop sglang", "start sglang", "stop sglang"]
     failed = state.read_failed(run)
-    assert failed is not None and failed["code"] == HUNG == 72
+    assert failed is not None and failed["code"] == HUNG == 73
     assert "2 starts in a row hung (GLM5_START_RETRIES=1)" in failed["reason"]
     assert "while autotuning" in failed["reason"] and "--disable-flashinfer-autotune" in failed["reason"]
     # What every prober reads from then on: failed, recorded, not hung (liveness passes, the pod waits).
@@ -71,7 +71,7 @@ def test_a_hang_that_repeats_ends_as_a_recorded_failure_after_the_retries(tmp_pa
         Phase.FAILED,
         "recorded",
         False,
-        72,
+        73,
     )
     # and nothing the kit controls starts it again: the server is stopped, so the watchdog has nothing to watch.
     assert lifecycle.watch(FakeSupervisor(statename="STOPPED"), lambda: hung_start(2), run, 1) is None

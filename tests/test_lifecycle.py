@@ -188,7 +188,7 @@ def test_a_hung_start_is_restarted_inside_the_container_then_recorded_when_it_ha
     assert c.proc.poll() is None  # type: ignore[attr-defined]
     # It hangs again the same way: past GLM5_START_RETRIES (1) the kit records it and restarts it no more.
     os.utime(log, (time.time() - 180, time.time() - 180))
-    samples = wait_for_failure(c, port, 72, timeout=30)
+    samples = wait_for_failure(c, port, 73, timeout=30)
     assert (
         samples.get("glm5_start_hung{}") == 0
     )  # a recorded failure, not a hang: liveness passes, the pod waits
@@ -201,4 +201,4 @@ def test_a_hung_start_is_restarted_inside_the_container_then_recorded_when_it_ha
     )
     time.sleep(6)
     assert c.entrypoint_output.read_text().count("restarting the server") == 1
-    assert stop(c) == 72  # the container's exit code is the recorded failure's
+    assert stop(c) == 73  # the container's exit code is the recorded failure's

@@ -1,17 +1,30 @@
 """The verification set and its rule (verify/), judged in-process; tests/test_smoke.py runs it through ci/smoke against
-the server double and each of its wrong modes."""
+the server double and each of its wrong modes. A right model worded otherwise passes: its raw output goes through
+SGLang 0.5.23's own glm45 reasoning and glm47 tool-call parsers (tests/helpers/sglang_parser_oracle.py), as the
+server would send it, to the kit's judges."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import re
+import subprocess
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from conftest import ROOT
+import pytest
+
+from common.report import VERIFY_INCONCLUSIVE, WRONG_ANSWERS
+from conftest import ROOT, kit_env
 from healthcheck import phase
+from helpers import oracles
 from verify import gate, items, run
+
+BENCH_PYTHON = ROOT / ".venv-bench" / "bin" / "python"
+PARSER_ORACLE = ROOT / "tests" / "helpers" / "sglang_parser_oracle.py"
 
 
 def right_answer(item: items.Item) -> dict[str, Any]:
@@ -32,12 +45,17 @@ def right_answer(item: items.Item) -> dict[str, Any]:
 def asker(wrong: set[str] = frozenset(), tokens: int | None = None) -> run.Ask:  # type: ignore[assignment]
     by_prompt = {i.prompt: i for i in items.generate()}
 
-    def ask(request: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
+    def ask(request: dict[str, Any]) -> run.Reply:
         item = by_prompt[request["messages"][0]["content"]]
         message = {"content": "zq!! 0x0"} if item.id in wrong else right_answer(item)
-        return message, tokens if tokens is not None else len(item.prompt) // 4
+        return run.Reply(message, tokens if tokens is not None else len(item.prompt) // 4, "stop")
 
     return ask
+
+
+def the(item_id: str) -> items.Item:
+    (found,) = [i for i in items.generate() if i.id == item_id]
+    return found
 
 
 def test_the_set_is_generated_the_same_each_time_and_covers_each_failure() -> None:
@@ -97,6 +115,7 @@ def test_the_judge_reads_tool_calls_json_and_reasoning_strictly() -> None:
     assert (
         summary["passed"] and summary["accuracy"] == 1.0 and len(summary["results"]) == summary["items"] == 57
     )
+    assert summary["verdict"] == "passed" and summary["inconclusive"] == []
 
 
 READY = {"phase": "ready", "start": 3, "http": 200, "reason": None}
@@ -105,6 +124,33 @@ READY = {"phase": "ready", "start": 3, "http": 200, "reason": None}
 def record(start: int, wrong: set[str] = frozenset(), build: str = "a" * 16) -> dict[str, Any]:  # type: ignore[assignment]
     found = run.summary(run.run(asker(wrong), "glm-5"))
     return found | {"start": start, "build_id": build, "regressed": [], "compared_with": None}
+
+
+def test_a_start_judged_wrong_is_recorded_with_its_exit_code_under_enforce_only(tmp_path: Path) -> None:
+    values = {"verify": "enforce", "state_dir": str(tmp_path)}
+    wrong = record(3, {"tool-madrid"}) | {"verdict": "wrong"}
+    assert gate.record_failure(values, wrong) == WRONG_ANSWERS == 71
+    failed = json.loads((tmp_path / "failed.json").read_text())
+    assert failed["code"] == 71 and failed["reason"].startswith(
+        "verification failed, the server answers wrongly: tool: wrong tool-madrid"
+    )
+    env = kit_env(GLM5_STATE_DIR=str(tmp_path))
+    code = subprocess.run([str(ROOT / "entrypoint/launch"), "--failed-code"], env=env, capture_output=True,
+                          text=True, check=True).stdout.strip()  # fmt: skip
+    assert code == "71"  # what entrypoint.sh exits with once stopped
+    unsure = wrong | {"verdict": "inconclusive", "reasons": ["retrieval: inconclusive retrieval-32000"]}
+    assert gate.record_failure(values, unsure) == VERIFY_INCONCLUSIVE == 72
+    assert "verification inconclusive twice" in json.loads((tmp_path / "failed.json").read_text())["reason"]
+    assert (
+        gate.record_failure(values, record(4)) is None and not (tmp_path / "failed.json").exists()
+    )  # cleared
+    (tmp_path / "failed.json").write_text(json.dumps({"code": 70, "reason": "FATAL"}))
+    assert (
+        gate.record_failure(values, record(5)) is None and (tmp_path / "failed.json").exists()
+    )  # not its own
+    (tmp_path / "failed.json").unlink()
+    assert gate.record_failure(values | {"verify": "report"}, wrong) is None  # serving anyway: no failure
+    assert not (tmp_path / "failed.json").exists()
 
 
 def test_the_gate_holds_a_ready_start_at_verifying_until_its_own_verification() -> None:
@@ -149,19 +195,299 @@ def test_regressions_are_items_right_on_the_earlier_build_and_wrong_now(tmp_path
     assert gate.regressions(now, gate.earlier_build(tmp_path, "old")["results"]) == ["json-0"]  # type: ignore[index]
 
 
-def test_the_readmes_describe_the_set_that_is_generated() -> None:
-    """The README said facts were batched and verify/README.md said one tool call: four facts alone, two tools."""
-    found = items.generate()
-    by = {(i.kind, i.batch): 0 for i in found}
-    for i in found:
-        by[i.kind, i.batch] += 1
-    assert by == {
-        ("fact", 1): 4, ("arithmetic", 1): 4, ("arithmetic", 8): 8, ("arithmetic", 32): 32,
-        ("retrieval", 1): 4, ("json", 1): 2, ("tool", 1): 2, ("reasoning", 1): 1,
-    }  # fmt: skip
-    said = "four facts and four sums alone, sums in batches of 8 and 32"
-    for readme in (ROOT / "README.md", ROOT / "verify" / "README.md"):
-        text = " ".join(readme.read_text().split())
-        assert "two JSON answers, two tool calls, a reasoning answer" in text, readme
-        assert said.replace("four facts", "four short facts") in text or said in text, readme
-    assert f"{len(found)} items made from a fixed seed" in " ".join((ROOT / "README.md").read_text().split())
+# A right model worded otherwise, as raw GLM-5 output (an estimate: the wordings of the realistic-box audit's table,
+# ../shared/research/turn4-audits/realbox-audit-2026-12-03.md F2, not measured from GLM-5), a token a word.
+THINKING = " ".join(["Adding the journey to the departure time, step by step."] * 333)  # 2,997 words
+COUNTRIES = {"Lisbon": "Portugal", "Madrid": "Spain", "Vienna": "Austria", "Prague": "Czechia", "Dublin": "Ireland",
+             "Warsaw": "Poland"}  # fmt: skip
+
+
+def worded_otherwise(item: items.Item, at: int = 0) -> str:
+    """ITEM's right answer as GLM-5 might write it (the raw text, before SGLang's parsers); AT picks a variant."""
+    if item.kind == "tool":
+        name, arguments = item.expected
+        city = arguments["location"]
+        return (f"<tool_call>{name}<arg_key>location</arg_key><arg_value>{city}, {COUNTRIES[city]}</arg_value>"
+                f"<arg_key>unit</arg_key><arg_value>{arguments['unit']}</arg_value></tool_call>")  # fmt: skip
+    if item.kind == "json":
+        return f"Here is the JSON object:\n```json\n{json.dumps(item.expected, indent=2)}\n```"
+    if item.kind == "reasoning":
+        h, m = map(int, re.findall(r"\d+", item.expected))
+        time_of_day = (f"{h}:{m:02d} p.m.", f"{h + 12}:{m:02d}")[at % 2]
+        return f"{THINKING}</think>The train arrives at {time_of_day}" + ("" if at % 2 == 0 else ".")
+    if item.kind == "arithmetic":
+        a, b, c, d = map(int, re.findall(r"\d+", item.prompt)[:4])
+        return f"({a} + {b}) * {c} - {d} = {a + b} * {c} - {d} = {(a + b) * c} - {d} = {item.expected}"
+    if item.kind == "retrieval":
+        name = re.search(r"secret code for (\w+)\?", item.prompt).group(1)  # type: ignore[union-attr]
+        return f"The secret code for {name} is **{item.expected}**."
+    return f"The capital is {item.expected}."
+
+
+def cut(text: str, max_tokens: int) -> tuple[str, str]:
+    words = text.split(" ")
+    return (" ".join(words[:max_tokens]), "length") if len(words) > max_tokens else (text, "stop")
+
+
+def parsed(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages SGLang 0.5.23's glm45 and glm47 parsers make of the raw texts (.venv-bench's sglang)."""
+    if not BENCH_PYTHON.exists():
+        pytest.skip(".venv-bench missing: run ci/setup-test-env (the parsers import transformers)")
+    found = oracles.ask(PARSER_ORACLE, {"cases": cases}, python=str(BENCH_PYTHON))
+    messages: list[dict[str, Any]] = found["messages"]
+    return messages
+
+
+@functools.cache
+def through_the_parsers() -> tuple[
+    dict[tuple[int, str, int], tuple[dict[str, Any], str]], list[dict[str, Any]]
+]:
+    """Every item worded otherwise (both variants), cut at its bound and at the raised one, and three probes of the parsers' own output, through
+    SGLang's parsers in one run of the oracle (it imports sglang: seconds): the replies by (variant, prompt, bound)
+    with their finish_reason, and the probes' messages."""
+    keys, cases = [], []
+    for at in (0, 1):
+        for item in items.generate():
+            for bound in (item.max_tokens, item.max_tokens * run.LENGTH_FACTOR):
+                text, finish = cut(worded_otherwise(item, at), bound)
+                keys.append((at, item.prompt, bound, finish))
+                cases.append({"text": text, "thinking": item.thinking, "tools": item.tools})
+    tool, reasoning = the("tool-madrid"), the("reasoning-train")
+    probes = [
+        {"text": worded_otherwise(tool), "thinking": False, "tools": tool.tools},
+        {"text": worded_otherwise(reasoning), "thinking": True, "tools": []},
+        {"text": THINKING, "thinking": True, "tools": []},
+    ]
+    messages = parsed(cases + probes)
+    replies = {(at, prompt, bound): (message, finish)
+               for (at, prompt, bound, finish), message in zip(keys, messages[: len(cases)], strict=True)}  # fmt: skip
+    return replies, messages[len(cases) :]
+
+
+def parser_asker(at: int = 0) -> tuple[run.Ask, list[int]]:
+    """An Ask answering every item worded otherwise, cut at the request's max_tokens, through SGLang's parsers; and
+    the bounds asked, in order."""
+    replies = through_the_parsers()[0]
+    asked: list[int] = []
+
+    def ask(request: dict[str, Any]) -> run.Reply:
+        asked.append(request["max_tokens"])
+        message, finish = replies[(at, request["messages"][0]["content"], request["max_tokens"])]
+        return run.Reply(message, len(request["messages"][0]["content"]) // 4, finish)
+
+    return ask, asked
+
+
+@pytest.mark.parametrize("at", [0, 1], ids=["5:15 p.m.", "17:15"])
+def test_a_right_model_worded_otherwise_passes_through_sglangs_own_parsers(at: int) -> None:
+    """Madrid, Spain; JSON after a preface; 5:15 p.m. and 17:15; working before the number (cut at 16 tokens first);
+    thinking past the 2,048-token bound (content empty first): each asked again at 4x the bound where cut."""
+    ask, asked = parser_asker(at)
+    found = run.settled(ask, "glm-5", pause=0)
+    assert found["passed"] and found["runs"] == 1, (found["reasons"], [
+        (r["id"], r["received"]) for r in found["results"] if not r["right"]])  # fmt: skip
+    rows = {r["id"]: r for r in found["results"]}
+    assert rows["reasoning-train"]["attempts"] == 2 and rows["reasoning-train"]["max_tokens"] == 8192
+    assert rows["arithmetic-b32-0"]["max_tokens"] == 64 and rows["fact-france"]["max_tokens"] == 16
+    assert asked.count(2048) == asked.count(8192) == 1
+
+
+def test_sglangs_parsers_give_the_messages_the_judges_read() -> None:
+    """The oracle's messages are SGLang's: a glm47 call with a JSON-string argument object, thinking split off."""
+    call, thought, unfinished = through_the_parsers()[1]
+    assert call["tool_calls"][0]["function"]["name"] == "get_weather" and not call["content"]
+    assert json.loads(call["tool_calls"][0]["function"]["arguments"])["location"] == "Madrid, Spain"
+    assert thought["content"].startswith("The train arrives at") and thought["reasoning_content"]
+    assert unfinished["content"] == "" and unfinished["reasoning_content"]  # past the bound: no answer yet
+
+
+def message_of(kind: str, text: str) -> dict[str, Any]:
+    if kind == "tool":
+        return {"content": "", "tool_calls": [{"function": {"name": "get_weather", "arguments": text}}]}
+    if kind == "reasoning":
+        return {"content": text, "reasoning_content": "2:30 pm plus 2 h 45 min"}
+    return {"content": text}
+
+
+# What counts as the same answer (items.SAME_ANSWER), per kind: (item, reply text, right?). Wrong ones are the
+# corruptions the gate exists for, or another answer.
+SAME_ANSWER_TABLE = [
+    ("fact-france", "Paris", True),
+    ("fact-france", "The capital of France is **Paris**.", True),
+    ("fact-france", "paris.", True),
+    ("fact-france", "Lyon", False),
+    ("fact-france", "Parisian", False),
+    ("fact-france", "zq!! 0x0", False),
+    ("arithmetic-b1-0", "{v}", True),
+    ("arithmetic-b1-0", "(a + b) * c - d = 1 * 2 - 3 = {v}", True),
+    ("arithmetic-b1-0", "**{v}**", True),
+    ("arithmetic-b1-0", "{v}.0", True),
+    ("arithmetic-b1-0", "{v} + 1", False),  # the last number is the answer
+    ("arithmetic-b1-0", "{w}", False),
+    ("arithmetic-b1-0", "", False),
+    ("retrieval-4000", "{v}", True),
+    ("retrieval-4000", "The secret code for Dora is `{v}`.", True),
+    ("retrieval-4000", "{v}X", False),
+    ("retrieval-4000", "zq!! ##\u00a4 0x0", False),
+    ("json-0", "{j}", True),
+    ("json-0", "Here is the JSON object:\n```json\n{j}\n```", True),
+    ("json-0", "{jl}", True),  # keys in another order, strings in another case, 12.0 for 12
+    ("json-0", "{jx}", True),  # another key besides
+    ("json-0", "{jw}", False),  # a value off
+    ("json-0", "{jm}", False),  # a key missing
+    ("json-0", '{{"parcel": ', False),  # cut: not JSON
+    ("tool-madrid", '{{"location": "Madrid", "unit": "{u}"}}', True),
+    ("tool-madrid", '{{"location": "Madrid, Spain", "unit": "{u}"}}', True),
+    ("tool-madrid", '{{"location": "madrid", "unit": "{U}"}}', True),
+    ("tool-madrid", '{{"location": "Barcelona, Spain", "unit": "{u}"}}', False),
+    ("tool-madrid", '{{"location": "Madrid or Lisbon", "unit": "{u}"}}', False),
+    ("tool-madrid", '{{"location": "Madrid", "unit": "kelvin"}}', False),
+    ("tool-madrid", '{{"location": "Madrid", "unit": "{u}",', False),  # mangled: not JSON
+    ("tool-madrid", '["Madrid", "{u}"]', False),
+    ("reasoning-train", "It arrives at {h}:{m} pm.", True),
+    ("reasoning-train", "{h}:{m}pm", True),
+    ("reasoning-train", "The train arrives at {h}:{m} p.m.", True),
+    ("reasoning-train", "{H}:{m}", True),
+    ("reasoning-train", "{h}.{m} PM", True),
+    ("reasoning-train", "{h}:{m}", True),  # no am/pm: pm, as the question's times are
+    ("reasoning-train", "{h}:{m} am", False),
+    ("reasoning-train", "{H}:{n}", False),
+    ("reasoning-train", "", False),
+]
+
+
+def filled(item: items.Item, text: str) -> str:
+    fields: dict[str, Any] = {}
+    if item.kind == "arithmetic":
+        fields = {"v": item.expected, "w": item.expected + 1}
+    elif item.kind == "retrieval":
+        fields = {"v": item.expected}
+    elif item.kind == "json":
+        e = item.expected
+        fields = {
+            "j": json.dumps(e),
+            "jl": json.dumps({"city": e["city"].upper(), "kg": float(e["kg"]), "parcel": e["parcel"]}),
+            "jx": json.dumps(e | {"note": "fragile"}),
+            "jw": json.dumps(e | {"kg": e["kg"] + 1}),
+            "jm": json.dumps({k: v for k, v in e.items() if k != "city"}),
+        }
+    elif item.kind == "tool":
+        fields = {"u": item.expected[1]["unit"], "U": item.expected[1]["unit"].upper()}
+    elif item.kind == "reasoning":
+        h, m = map(int, re.findall(r"\d+", item.expected))
+        fields = {"h": h, "H": h + 12, "m": f"{m:02d}", "n": f"{(m + 1) % 60:02d}"}
+    return text.format(**fields)
+
+
+@pytest.mark.parametrize(("item_id", "text", "right"), SAME_ANSWER_TABLE)
+def test_each_judge_accepts_every_wording_of_the_right_answer_and_nothing_else(
+    item_id: str, text: str, right: bool
+) -> None:
+    item = the(item_id)
+    assert item.judge(message_of(item.kind, filled(item, text)))[0] is right
+
+
+def test_every_kind_says_what_counts_as_the_same_answer_and_its_tolerance() -> None:
+    kinds = {i.kind for i in items.generate()}
+    assert set(items.SAME_ANSWER) == kinds == set(run.TOLERANCE)
+    assert all(reason for _share, reason in run.TOLERANCE.values())
+    allowed = {(i.kind, i.batch): 0 for i in items.generate()}
+    for key in allowed:
+        allowed[key] = run.allowed_misses(key[0], sum((i.kind, i.batch) == key for i in items.generate()))
+    assert allowed == {("fact", 1): 1, ("arithmetic", 1): 1, ("arithmetic", 8): 2, ("arithmetic", 32): 8,
+                       ("retrieval", 1): 0, ("json", 1): 0, ("tool", 1): 0, ("reasoning", 1): 0}  # fmt: skip
+
+
+def test_the_json_items_test_the_structured_output_path_not_arithmetic() -> None:
+    for item in (i for i in items.generate() if i.kind == "json"):
+        request = item.request("glm-5")
+        assert request["response_format"]["type"] == "json_schema"
+        schema = request["response_format"]["json_schema"]["schema"]
+        assert set(schema["required"]) == set(item.expected)
+        assert all(str(value) in item.prompt for value in item.expected.values())  # copied, not worked out
+
+
+def scripted(script: dict[str, list[Any]]) -> tuple[run.Ask, list[tuple[str, int]]]:
+    """An Ask that answers right, except items named in SCRIPT, which take its entries in turn: an exception (raised),
+    a (text, finish_reason) pair; and the (id, max_tokens) of each ask."""
+    by_prompt = {i.prompt: i for i in items.generate()}
+    asked: list[tuple[str, int]] = []
+
+    def ask(request: dict[str, Any]) -> run.Reply:
+        item = by_prompt[request["messages"][0]["content"]]
+        asked.append((item.id, request["max_tokens"]))
+        if script.get(item.id):
+            step = script[item.id].pop(0)
+            if isinstance(step, Exception):
+                raise step
+            return run.Reply(message_of(item.kind, step[0]), 10**6, step[1])
+        return run.Reply(right_answer(item), 10**6, "stop")
+
+    return ask, asked
+
+
+def test_a_cut_reply_is_asked_again_once_at_four_times_its_bound_then_is_inconclusive() -> None:
+    ask, asked = scripted({"arithmetic-b1-0": [("(1 + 2) * 3 - 4 = 3 * 3", "length")],
+                           "arithmetic-b1-1": [("(1 + 2) * 3", "length"), ("(1 + 2) * 3 - 4 = 9 - 4", "length")]})  # fmt: skip
+    results = {r.id: r for r in run.run(ask, "glm-5", pause=0)}
+    assert results["arithmetic-b1-0"].right and results["arithmetic-b1-0"].max_tokens == 64
+    assert [b for i, b in asked if i == "arithmetic-b1-0"] == [16, 64]
+    unsure = results["arithmetic-b1-1"]
+    assert unsure.outcome == "inconclusive" and not unsure.right and "cut at max_tokens 64" in unsure.received
+    assert [b for i, b in asked if i == "arithmetic-b1-1"] == [16, 64]  # once, not again
+
+
+def test_a_transport_error_is_asked_again_up_to_its_bound_then_is_inconclusive(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    slept: list[float] = []
+    monkeypatch.setattr(run.time, "sleep", slept.append)
+    errors: dict[str, list[Any]] = {
+        "fact-japan": [TimeoutError("timed out"), ConnectionResetError("reset")],
+        "retrieval-32000": [TimeoutError("timed out")] * 5,
+    }
+    ask, _asked = scripted(errors)
+    results = {r.id: r for r in run.run(ask, "glm-5")}
+    assert results["fact-japan"].right and results["fact-japan"].attempts == 3
+    unsure = results["retrieval-32000"]
+    assert unsure.outcome == "inconclusive" and unsure.attempts == run.TRANSPORT_ATTEMPTS == 3
+    assert "TimeoutError" in unsure.received and slept == [run.TRANSPORT_PAUSE] * 4
+    found = run.summary(list(results.values()))
+    # Inconclusive counts against its group like a miss, and the verdict names it apart from a wrong answer.
+    assert not found["passed"] and found["verdict"] == "inconclusive"
+    assert found["reasons"] == ["retrieval: inconclusive retrieval-32000"]
+    assert found["inconclusive"] == ["retrieval-32000"]
+
+
+def test_a_group_failing_on_wrong_answers_is_wrong_even_with_inconclusive_ones() -> None:
+    script: dict[str, list[Any]] = {f"arithmetic-b1-{i}": [("zq!! 0x0", "stop")] for i in range(2)}
+    script["arithmetic-b1-3"] = [TimeoutError("timed out")] * 3
+    ask, _asked = scripted(script)
+    found = run.summary(run.run(ask, "glm-5", pause=0))
+    assert found["verdict"] == "wrong" and found["reasons"] == [
+        "arithmetic at batch 1: 1/4 right (wrong: arithmetic-b1-0, arithmetic-b1-1; inconclusive: arithmetic-b1-3)"
+    ]
+
+
+def flaky_first_run(broken: set[str]) -> Callable[[dict[str, Any]], run.Reply]:
+    """Answers BROKEN wrongly in the first whole run only (a transient fault), rightly after."""
+    good, seen = asker(), Counter[str]()
+
+    def ask(request: dict[str, Any]) -> run.Reply:
+        prompt = request["messages"][0]["content"]
+        seen[prompt] += 1
+        item = next(i for i in items.generate() if i.prompt == prompt)
+        if item.id in broken and seen[prompt] == 1:
+            return run.Reply({"content": "zq!! 0x0"}, 10**6, "stop")
+        return good(request)
+
+    return ask
+
+
+def test_the_whole_set_runs_once_more_before_a_start_is_called_wrong() -> None:
+    once = run.settled(flaky_first_run({"retrieval-4000", "tool-madrid"}), "glm-5", pause=0)
+    assert once["passed"] and once["runs"] == 2 and once["first_run"]["verdict"] == "wrong"
+    assert once["first_run"]["reasons"] == ["retrieval: wrong retrieval-4000", "tool: wrong tool-madrid"]
+    always = run.settled(asker({"tool-madrid"}), "glm-5", pause=0)
+    assert not always["passed"] and always["runs"] == 2 and always["verdict"] == "wrong"
+    assert run.settled(asker(), "glm-5", pause=0)["runs"] == 1  # a pass is not asked twice

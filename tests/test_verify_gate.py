@@ -1,10 +1,13 @@
 """The correctness gate of every start (verify/gate under the real supervisord, entrypoint.sh as PID 1, the server
-double): a right server turns ready only after its verification; each wrong mode of the double never turns ready
-and the healthcheck and the exporter name the wrong items; report serves anyway; a later build names what regressed."""
+double): a right server turns ready only after its verification, also when it words its answers otherwise; each wrong
+mode of the double never turns ready, the healthcheck and the exporter name the wrong items, and the container exits
+with the failure's code (at once with GLM5_ON_FAILURE=exit); report serves anyway; a later build names what
+regressed."""
 
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -86,7 +89,8 @@ def test_a_wrong_server_never_turns_ready_and_says_which_items(
     containers.append(c)
     found, seen = settled(c)
     reason, named = WRONG_MODES[mode]
-    assert found["phase"] == "failed" and found["failure_kind"] == "wrong_answers", found
+    # Recorded as any failure a restart cannot fix (failed.json, its exit code): the healthcheck's kind is "recorded".
+    assert found["phase"] == "failed" and found["failed_code"] == 71, found
     assert "verifying" in seen and "ready" not in seen, seen
     assert reason in found["reason"], found["reason"]
     assert named <= set(found["verification"]["wrong"]), found["verification"]["wrong"]
@@ -94,7 +98,7 @@ def test_a_wrong_server_never_turns_ready_and_says_which_items(
     code, _ = healthcheck_json(c.target.env)
     assert code == 1
     samples = scrape(c)
-    assert samples.get("glm5_start_failure_code{}") == 213.0  # common/report.py FAILURE_KINDS: wrong_answers
+    assert samples.get("glm5_start_failure_code{}") == 71.0  # common/report.py: WRONG_ANSWERS, recorded
     assert samples.get("glm5_verification_passed{}") == 0.0
     for item in named:
         assert samples.get(f'glm5_verification_item_wrong{{item="{item}"}}') == 1.0
@@ -105,6 +109,37 @@ def test_a_wrong_server_never_turns_ready_and_says_which_items(
     )  # on demand: the same verdict
     time.sleep(2)  # still failed, and not restarted by the watchdog: a restart repeats greedy answers
     assert healthcheck_json(c.target.env)[1]["phase"] == "failed" and "server start #2" not in c.output()
+    assert "the first run was wrong" in c.entrypoint_output.read_text()  # the whole set ran twice
+    c.proc.send_signal(
+        signal.SIGTERM
+    )  # stopped: the failure's exit code (entrypoint.sh, launch --failed-code)
+    assert c.proc.wait(timeout=60) == 71
+
+
+def test_a_right_server_worded_otherwise_is_ready(tmp_path: Path, containers: list[Container]) -> None:
+    """The double's worded-otherwise mode: working before the number and thinking past the bound (both cut, then asked
+    again at 4x), Madrid, Spain, JSON reordered under its schema, 17:15."""
+    c = start(tmp_path, "worded-otherwise", GLM5_CACHE_DIR=str(tmp_path / "cache"))
+    containers.append(c)
+    found, _seen = settled(c)
+    assert found["phase"] == "ready" and found["verification"]["passed"], found["reason"]
+    rows = {r["id"]: r for r in json.loads((tmp_path / "run" / "verified.json").read_text())["results"]}
+    assert rows["reasoning-train"]["max_tokens"] == 8192 and rows["arithmetic-b32-0"]["max_tokens"] == 64
+    assert (
+        "Madrid, Spain" in rows["tool-madrid"]["received"] and "17:15" in rows["reasoning-train"]["received"]
+    )
+
+
+def test_a_wrong_start_with_on_failure_exit_stops_the_container_with_its_code(
+    tmp_path: Path, containers: list[Container]
+) -> None:
+    c = start(tmp_path, "mangled-tool-call", GLM5_ON_FAILURE="exit")
+    containers.append(c)
+    assert c.proc.wait(timeout=90) == 71
+    assert (
+        "failed (exit code 71): stopping the container (GLM5_ON_FAILURE=exit)"
+        in c.entrypoint_output.read_text()
+    )
 
 
 def test_report_serves_anyway_and_a_later_build_names_what_regressed(

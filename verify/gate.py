@@ -8,6 +8,16 @@ Each start's result goes to the state folder (verified.json: what the healthchec
 build, to the cache volume ({cache_root}/verification.json, one folder per image build): a start of a different
 build compares its items with the newest passed record of another build and lists those that went from right to
 wrong (`regressed`), the first sign of a kernel regression after an upgrade. GLM5_VERIFY=off: nothing runs.
+
+A start judged wrong (verify/run.py's `settled`: two whole runs, each with its retries, failed) under
+GLM5_VERIFY=enforce is a failure like any other start's: recorded in failed.json (before verified.json, so no
+reader sees the one without the other) with its exit code, WRONG_ANSWERS or VERIFY_INCONCLUSIVE (common/report.py),
+the code the container exits with once stopped; GLM5_ON_FAILURE=exit stops it at once (entrypoint/lifecycle.py's
+give_up, the one place that decides). It stays out of service: a replica answering the set wrongly twice, with judges
+that accept every wording of a right answer, is a build fault that would answer clients wrongly too, and this holds
+when every replica judges itself wrong (a bad build is wrong on all of them): an outage that pages (GLM5StartFailed,
+GLM5VerificationFailed) rather than wrong answers served quietly. GLM5_VERIFY=report serves anyway, with the alert.
+A later start of the same container that passes clears the gate's own record.
 """
 
 from __future__ import annotations
@@ -22,8 +32,20 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from common.report import FAILED, INVALID_SETTING, NEVER_READY, OK, Log, Problems
+from supervisor import childutils
+
+from common.report import (
+    FAILED,
+    INVALID_SETTING,
+    NEVER_READY,
+    OK,
+    VERIFY_INCONCLUSIVE,
+    WRONG_ANSWERS,
+    Log,
+    Problems,
+)
 from configuration import config, state
+from entrypoint import lifecycle
 from healthcheck import probe
 from healthcheck.verdict import Phase
 from verify import run
@@ -64,10 +86,40 @@ def record_for_build(values: Mapping[str, Any], record: dict[str, Any]) -> None:
         )
 
 
+def failure(record: Mapping[str, Any]) -> tuple[int, str]:
+    """The exit code and the reason of a start judged wrong (the healthcheck's wording: README, Verification)."""
+    reasons = "; ".join(record["reasons"] or ["no reason recorded"])
+    if record.get("verdict") == "inconclusive":
+        return VERIFY_INCONCLUSIVE, (
+            f"verification inconclusive twice: {reasons} (replies cut at the raised token bound, or HTTP errors and "
+            "timeouts after the retries: verified.json has each; the server is not known to answer rightly)"
+        )
+    return WRONG_ANSWERS, (
+        f"verification failed, the server answers wrongly: {reasons} (twice; verified.json lists every item; "
+        "README: Verification; GLM5_VERIFY=report serves anyway)"
+    )
+
+
+def record_failure(values: Mapping[str, Any], record: Mapping[str, Any]) -> int | None:
+    """Under enforce, a start judged wrong goes to failed.json with its exit code (returned); a passed one clears a
+    record of the gate's own (an earlier start's); else None."""
+    if values["verify"] != "enforce":
+        return None
+    recorded = state.read_failed(values["state_dir"]) or {}
+    if record["passed"]:
+        if recorded.get("code") in (WRONG_ANSWERS, VERIFY_INCONCLUSIVE):
+            state.clear_failed(values["state_dir"])
+        return None
+    code, reason = failure(record)
+    state.write_failed(values["state_dir"], code, reason)
+    return code
+
+
 def verify(values: Mapping[str, Any], start: int, ask: run.Ask) -> dict[str, Any]:
-    """Answer the set, judge it, compare it with the newest passed record of another build; the whole record."""
+    """Answer the set (twice when the first run fails), judge it, compare it with the newest passed record of
+    another build; the whole record."""
     LOG.info(f"start #{start}: answering the verification set before the start counts as ready")
-    found = run.summary(run.run(ask, values["served_model_name"]))
+    found = run.settled(ask, values["served_model_name"])
     earlier = earlier_build(Path(values["cache_dir"]), values["build_id"])
     record = found | {
         "start": start,
@@ -76,15 +128,27 @@ def verify(values: Mapping[str, Any], start: int, ask: run.Ask) -> dict[str, Any
         "compared_with": earlier["build_id"] if earlier else None,
         "regressed": regressions(found["results"], earlier["results"]) if earlier else [],
     }
+    said = f"{found['right']}/{found['items']} right in {found['seconds']} s"
+    if found["first_run"] is not None:
+        first = found["first_run"]
+        LOG.warning(
+            f"start #{start}: the first run was {first['verdict']} ({'; '.join(first['reasons'])}): ran again"
+        )
+    if not found["passed"] and values["verify"] == "report":
+        LOG.warning(f"start #{start}: verification {found['verdict']}; serving anyway (GLM5_VERIFY=report)")
+    record["failed_code"] = record_failure(
+        values, record
+    )  # failed.json first: no reader sees verified.json alone
     state.write_verified(values["state_dir"], record)
     record_for_build(values, record)
-    said = f"{found['right']}/{found['items']} right in {found['seconds']} s"
     if record["regressed"]:
         LOG.warning(f"right on build {record['compared_with']}, wrong now: {', '.join(record['regressed'])}")
     if found["passed"]:
         LOG.info(f"start #{start}: verified, {said}")
     else:
-        LOG.error(f"start #{start}: verification FAILED, {said}: {'; '.join(found['reasons'])}")
+        LOG.error(
+            f"start #{start}: verification {found['verdict'].upper()}, {said}: {'; '.join(found['reasons'])}"
+        )
     return record
 
 
@@ -140,7 +204,9 @@ def main(argv: list[str] | None = None) -> int:
             and current != done
             and (start := awaiting(os.environ, values["port"])) is not None
         ):
-            verify(values, start, ask)
+            code = verify(values, start, ask)["failed_code"]
+            if code is not None:  # wait (the default) or stop the container, as after any failure
+                lifecycle.give_up(code, dict(values), childutils.getRPCInterface(os.environ).supervisor)
         time.sleep(POLL_SECONDS)
 
 

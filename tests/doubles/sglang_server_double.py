@@ -25,7 +25,8 @@ after a journey, a tool call's arguments from the request. The wrong modes answe
 do: garbage-past-length (garbled text for prompts longer than SGLANG_DOUBLE_GARBAGE_AFTER characters, default
 40000: a fault only long contexts reach), wrong-in-batches (an arithmetic answer off by one while more than 4
 requests are in flight: one batch size's graph wrong, batch 1 right), mangled-tool-call (arguments that are not
-JSON).
+JSON). worded-otherwise answers rightly in other words (see `otherwise`), and honours max_tokens (a word a token):
+a reply longer than its bound is cut there with finish_reason `length`, as SGLang cuts it.
 
 Capacity as the scheduler enforces it: at most SGLANG_DOUBLE_MAX_RUNNING_REQUESTS (default 1024, the number its
 sizes line prints) run at once, each for SGLANG_DOUBLE_SERVE_SECONDS (default 0), the rest wait as in SGLang's
@@ -247,9 +248,8 @@ def read_and_answer(prompt: str) -> str | None:
     if m := re.search(r"What is the secret code for (\w+)\?", prompt):
         found = re.search(rf"The secret code for {m.group(1)} is (\w+)\.", prompt)
         return found.group(1) if found else "I do not know."
-    if m := re.search(r'"sum" and "product" for the numbers (\d+) and (\d+)', prompt):
-        a, b = map(int, m.groups())
-        return json.dumps({"sum": a + b, "product": a * b})
+    if m := re.search(r"Parcel (\w+) weighs (\d+) kg and goes to (\w+)\.", prompt):
+        return json.dumps({"parcel": m.group(1), "kg": int(m.group(2)), "city": m.group(3)})
     if m := re.search(r"leaves at (\d+):(\d+) pm and travels (\d+) hours (\d+) minutes", prompt):
         h, mi, sh, sm = map(int, m.groups())
         total = h * 60 + mi + sh * 60 + sm
@@ -274,6 +274,44 @@ def answer(prompt: str) -> str:
     if read is not None:
         return read
     return next((a for q, a in ANSWERS.items() if q in low), "I do not know.")
+
+
+# worded-otherwise: the right answer in the wordings of a right GLM-5 that a strict judge took for wrong answers, as
+# SGLang 0.5.23's glm45 reasoning parser and glm47 tool-call parser turn them into a reply (an estimate: the wordings
+# of the audit's table, ../shared/research/turn4-audits/realbox-audit-2026-12-03.md F2, not measured from GLM-5).
+# The thinking runs THINKING_WORDS words: past the reasoning item's 2,048-token bound, under 4 times it.
+THINKING_WORDS = 3000
+COUNTRIES = {"Lisbon": "Portugal", "Madrid": "Spain", "Vienna": "Austria", "Prague": "Czechia", "Dublin": "Ireland",
+             "Warsaw": "Poland"}  # fmt: skip
+
+
+def otherwise(prompt: str, text: str, structured: bool) -> str:
+    """TEXT, the right answer, worded as a model might: working shown before a number, a sentence around a word, JSON
+    after a one-line preface in a code fence (keys reordered and indented under a JSON schema: the grammar allows no
+    preface), a time of day as 17:15."""
+    if m := re.search(r"Compute \((\d+) \+ (\d+)\) \* (\d+) - (\d+)\.", prompt):
+        a, b, c, d = map(int, m.groups())
+        return f"({a} + {b}) * {c} - {d} = {a + b} * {c} - {d} = {(a + b) * c} - {d} = {text}"
+    if m := re.search(r"capital of (\w+)\?", prompt):
+        return f"The capital of {m.group(1)} is {text}."
+    if m := re.search(r"What is the secret code for (\w+)\?", prompt):
+        return f"The secret code for {m.group(1)} is **{text}**."
+    if text.startswith("{"):
+        value = json.loads(text)
+        if structured:
+            return json.dumps(dict(reversed(value.items())), indent=2)
+        return f"Here is the JSON object:\n```json\n{json.dumps(value, indent=2)}\n```"
+    if m := re.search(r"It arrives at (\d+):(\d+) pm\.", text):
+        return f"The train arrives at {int(m.group(1)) % 12 + 12}:{m.group(2)}."
+    return text
+
+
+def cut(text: str, max_tokens: int | None) -> tuple[str, bool]:
+    """TEXT cut at MAX_TOKENS words (a word a token), and whether it was."""
+    words = text.split(" ")
+    if max_tokens is None or len(words) <= max_tokens:
+        return text, False
+    return " ".join(words[:max_tokens]), True
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -461,13 +499,27 @@ class Handler(BaseHTTPRequestHandler):
         )
         message: dict[str, Any] = {"role": "assistant", "content": text}
         finish = "stop"
+        worded = "worded-otherwise" in MODES
+        if worded:
+            structured = (body.get("response_format") or {}).get("type") == "json_schema"
+            message["content"], was_cut = cut(otherwise(prompt, text, structured), body.get("max_tokens"))
+            finish = "length" if was_cut else "stop"
+            if reasoning:
+                reasoning = " ".join(
+                    ["Adding the journey to the departure time, step by step."] * (THINKING_WORDS // 9)
+                )
+                reasoning, was_cut = cut(reasoning, body.get("max_tokens"))
+                if was_cut:  # glm45 on thinking with no </think>: all reasoning_content, content empty
+                    message["content"], finish = "", "length"
         tools = body.get("tools") or []
         if tools and "no-tools" not in MODES:
             fn = tools[0]["function"]
             params = fn.get("parameters", {})
             arguments = {k: "Paris" for k in params.get("required", params.get("properties", {}))}
             if m := re.search(r"weather in (\w+) right now, in (celsius|fahrenheit)", prompt):
-                arguments = {"location": m.group(1), "unit": m.group(2)}
+                city = m.group(1)
+                arguments = {"location": f"{city}, {COUNTRIES.get(city, 'Europe')}" if worded else city,
+                             "unit": m.group(2)}  # fmt: skip
             message = {
                 "role": "assistant",
                 "content": None,

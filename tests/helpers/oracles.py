@@ -12,14 +12,15 @@ from typing import Any
 STUBS = Path(__file__).resolve().parents[1] / "stubs"
 
 
-def ask(script: Path, request: dict[str, Any]) -> dict[str, Any]:
-    """The script's answer to `request` (JSON on its stdin), run with the triton stub on PYTHONPATH."""
+def ask(script: Path, request: dict[str, Any], python: str | None = None) -> dict[str, Any]:
+    """The script's answer to `request` (JSON on its stdin): run by the test venv's python with the triton stub on
+    PYTHONPATH, or by `python` as it is (another venv, with its own triton)."""
     done = subprocess.run(
-        [sys.executable, str(script)],
+        [python or sys.executable, str(script)],
         input=json.dumps(request),
         capture_output=True,
         text=True,
-        env=os.environ | {"PYTHONPATH": str(STUBS)},
+        env=os.environ | {"PYTHONPATH": "" if python else str(STUBS)},
         check=False,
         timeout=300,
     )
