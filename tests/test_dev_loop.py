@@ -12,12 +12,17 @@ from pathlib import Path
 from conftest import ROOT
 
 FAKE_PYTHON_310 = '#!/bin/sh\n[ "$1" = --version ] && { echo "Python 3.10.12"; exit 0; }\nexit 1\n'
+# 1 GB free: the set-up says what it would install, then stops before installing anything (no pip runs).
+FAKE_DF_1GB = (
+    "#!/bin/sh\necho 'Filesystem 1K-blocks Used Available Use% Mounted on'\necho '/dev/x 9 9 1048576 99% /'\n"
+)
 
 
 def kit_copy(tmp: Path) -> Path:
     """ci/'s scripts and requirements in a fresh folder: no venv, nothing set up."""
     root = tmp / "kit"
     shutil.copytree(ROOT / "ci", root / "ci", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "common", root / "common", ignore=shutil.ignore_patterns("__pycache__"))
     (root / "tests" / "crd").mkdir(parents=True)
     shutil.copy(ROOT / "tests" / "crd" / "package-lock.json", root / "tests" / "crd")
     return root
@@ -51,42 +56,38 @@ def test_the_tests_install_nothing(tmp_path: Path) -> None:
         "ci/setup-test-env: not set up: .venv-smoke, .venv-eval; SETUP_TEST_ENV_CHECK=1 (as in the tests) installs "
         "nothing: run ci/setup-test-env smoke eval\n"
     )
-    assert sorted(p.name for p in root.iterdir()) == ["ci", "tests"]
+    assert sorted(p.name for p in root.iterdir()) == ["ci", "common", "tests"]
 
 
 def test_an_old_python_is_named_before_anything_is_installed(tmp_path: Path) -> None:
     root = kit_copy(tmp_path)
     path = f"{fake_bin(tmp_path, python3=FAKE_PYTHON_310)}:{os.environ['PATH']}"
     done = run([str(root / "ci" / "setup-test-env"), "fast"], path)
-    assert done.returncode == 1
-    assert done.stderr.splitlines() == [
-        "ci/setup-test-env: to set up: .venv (about 3 GB)",
-        "ci/setup-test-env: needs python3 3.11 or newer with its venv module (found: Python 3.10.12): install it "
-        "(Debian/Ubuntu: apt-get install python3-venv), or put a newer python3 first on PATH",
-    ]
+    assert done.returncode == 127  # common/host-python.sh, sourced first by every host tool
+    assert "the kit's host tools need 3.11 or newer; fix: install Python 3.11+" in done.stderr
     assert not (root / ".venv").exists()
 
 
 def test_a_short_disk_is_named_with_the_lighter_set_up(tmp_path: Path) -> None:
-    """The default set needs about 11 GB on a fresh machine; with 1 GB free nothing starts."""
+    """The default set needs about 13 GB on a fresh machine; with 1 GB free nothing starts."""
     root = kit_copy(tmp_path)
     df = "#!/bin/sh\necho 'Filesystem 1K-blocks Used Available Use% Mounted on'\necho '/dev/x 9 9 1048576 99% /'\n"
     done = run([str(root / "ci" / "setup-test-env")], f"{fake_bin(tmp_path, df=df)}:{os.environ['PATH']}")
     assert done.returncode == 1
     lines = done.stderr.splitlines()
-    assert lines[0].startswith("ci/setup-test-env: to set up: ") and lines[0].endswith("(about 11 GB)")
+    assert lines[0].startswith("ci/setup-test-env: to set up: ") and lines[0].endswith("(about 13 GB)")
     assert (
-        "ci/setup-test-env: needs about 11 GB of free disk here, 1 GB free: free some, or set up less "
+        "ci/setup-test-env: needs about 13 GB of free disk here, 1 GB free: free some, or set up less "
         "(ci/setup-test-env fast: .venv alone)" in lines
     )
-    assert sorted(p.name for p in root.iterdir()) == ["ci", "tests"]
+    assert sorted(p.name for p in root.iterdir()) == ["ci", "common", "tests"]
 
 
 def test_the_fast_set_up_asks_for_no_root_apt_or_npm(tmp_path: Path) -> None:
-    """What `ci/setup-test-env fast` would install on a fresh machine: .venv, nothing else (an old python3 stops it
+    """What `ci/setup-test-env fast` would install on a fresh machine: .venv, nothing else (a full disk stops it
     before it starts, so this runs no pip)."""
     root = kit_copy(tmp_path)
-    path = f"{fake_bin(tmp_path, python3=FAKE_PYTHON_310)}:{os.environ['PATH']}"
+    path = f"{fake_bin(tmp_path, df=FAKE_DF_1GB)}:{os.environ['PATH']}"
     fast = run([str(root / "ci" / "setup-test-env"), "fast"], path).stderr.splitlines()
     full = run([str(root / "ci" / "setup-test-env"), "tests"], path).stderr.splitlines()
     assert fast[0] == "ci/setup-test-env: to set up: .venv (about 3 GB)"
@@ -94,7 +95,7 @@ def test_the_fast_set_up_asks_for_no_root_apt_or_npm(tmp_path: Path) -> None:
 
 
 def planned_gb(root: Path, *modes: str) -> int:
-    path = f"{fake_bin(root.parent, python3=FAKE_PYTHON_310)}:{os.environ['PATH']}"
+    path = f"{fake_bin(root.parent, df=FAKE_DF_1GB)}:{os.environ['PATH']}"
     first = run([str(root / "ci" / "setup-test-env"), *modes], path).stderr.splitlines()[0]
     found = re.search(r"\(about (\d+) GB\)$", first)
     assert found, first
@@ -122,4 +123,4 @@ def test_ci_test_names_a_missing_kubectl_and_an_old_python_first(tmp_path: Path)
         "ci/test: needs python3 3.11 or newer (found: Python 3.10.12): install it, or put it first on PATH",
         "ci/test: needs kubectl (the tests and ci/lint render k8s/ with kubectl kustomize): install its client",
     ]
-    assert sorted(p.name for p in root.iterdir()) == ["ci", "tests"]
+    assert sorted(p.name for p in root.iterdir()) == ["ci", "common", "tests"]

@@ -192,7 +192,7 @@ def test_the_listener_starts_the_server_only_after_preflight_passed(tmp_path: Pa
 @pytest.mark.parametrize("name", sorted(state.FOLDERS))
 def test_a_folder_the_user_cannot_write_is_refused(tmp_path: Path, name: str) -> None:
     """As the image's UID 1000 (root writes anywhere): a folder owned by root, mode 0755."""
-    copy = reachable_copy("common", "configuration", "entrypoint", "healthcheck")
+    copy = reachable_copy("common", "configuration", "entrypoint", "healthcheck", "kernels")
     try:
         folder = copy / "owned-by-root"
         folder.mkdir(mode=0o755)

@@ -394,7 +394,7 @@ def test_download_of_a_folder_uid_1000_cannot_write_names_the_fix(request: pytes
     host.chmod(0o755)
     request.addfinalizer(lambda: shutil.rmtree(host))
     kit = reachable_copy(
-        "common", "configuration", "entrypoint"
+        "common", "configuration", "entrypoint", "kernels"
     )  # UID 1000 may not reach the checkout itself
     request.addfinalizer(lambda: shutil.rmtree(kit))
     done = run_download(
