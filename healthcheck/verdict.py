@@ -53,7 +53,7 @@ MEANING: dict[Phase, tuple[str, str]] = {
     Phase.WARMING_UP: ("capture done; `/health` answers 503 until the warm-up request returns", "< 1 min"),
     Phase.VERIFYING: (
         "the server is up; it answers the verification set before it counts as ready (below)",
-        "~30 s, at most ~70 s",
+        "~30 s; a reply asked again or a second run, minutes (estimates)",
     ),
     Phase.READY: (
         "the ready line after a capture with the expected counts, the start verified; healthy while `/health` "
