@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from configuration import settings
+from configuration import admission, settings
 from configuration.batch_sizes import effective_decode_max_bs
 from conftest import ROOT
 from helpers import k8s
@@ -35,6 +35,13 @@ def capacity() -> int:
     return effective_decode_max_bs(
         d["cuda_graph_max_bs_decode"], d["speculative"] != "off", d["max_running_requests"]
     )
+
+
+def admitted() -> int:
+    """A replica's share of the gateway's admission: what its KV pool holds of [gateway].context_tokens, at most its
+    largest captured decode batch (configuration/admission.py)."""
+    gw = CONFIG["gateway"]
+    return admission.per_replica(capacity(), gw["kv_tokens"], gw["context_tokens"])
 
 
 def scaled_object() -> dict[str, Any]:
@@ -100,7 +107,9 @@ def test_the_overlay_scales_the_statefulset_within_its_bounds_on_its_replicas_de
     assert trigger["type"] == "prometheus" and trigger["metricType"] == "AverageValue"
     meta = trigger["metadata"]
     assert meta["serverAddress"] == AUTO["prometheus_url"]
-    assert int(meta["threshold"]) == math.floor(capacity() * AUTO["target_utilization"])
+    # KEDA scales on the share of what the gateway admits, not of the decode batch: the KV pool is the tighter bound.
+    assert admitted() <= capacity()
+    assert int(meta["threshold"]) == math.floor(admitted() * AUTO["target_utilization"])
     namespace = CONFIG["deployment"]["namespace"]
     assert meta["query"].count(f'namespace="{namespace}"') == 2 and meta["query"].endswith("or vector(0)")
     up = so["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleUp"]["policies"]
@@ -126,7 +135,7 @@ def test_each_replica_runs_at_most_its_capacity_and_the_gateway_admits_for_the_m
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     argv = done.stdout.split()
-    bound = AUTO["max_replicas"] * capacity() // CONFIG["gateway"]["gateways"]
+    bound = AUTO["max_replicas"] * admitted() // CONFIG["gateway"]["gateways"]
     assert argv[argv.index("--max-concurrent-requests") + 1] == str(bound)
     refused = subprocess.run(
         [str(ROOT / "gateway" / "launch"), "--discovery-file", str(tmp_path / "w.json"), "--replicas", "4", "--dry-run"],

@@ -313,7 +313,7 @@ def wait_for_recorded_failure(c: Container) -> dict[str, Any]:
     deadline = time.monotonic() + 60
     while True:
         _, found = probe_json(c)
-        if "failed_code" in found:
+        if found.get("failed_code") is not None:  # the key is always there; None until recorded
             return found
         assert c.proc.poll() is None, f"the container exited ({c.proc.poll()}) instead of waiting"
         assert time.monotonic() < deadline, found

@@ -10,8 +10,10 @@ import json
 import os
 import re
 import subprocess
+import urllib.error
 from collections import Counter
 from collections.abc import Callable
+from email.message import Message
 from pathlib import Path
 from typing import Any
 
@@ -457,6 +459,35 @@ def test_a_transport_error_is_asked_again_up_to_its_bound_then_is_inconclusive(
     assert not found["passed"] and found["verdict"] == "inconclusive"
     assert found["reasons"] == ["retrieval: inconclusive retrieval-32000"]
     assert found["inconclusive"] == ["retrieval-32000"]
+
+
+def test_a_refused_request_is_not_asked_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 401 (a wrong key) or a 400 answers the same on every ask: asked once, inconclusive with the status, no
+    pause; a 429 or a 503 may pass and is asked again. Both clients' errors: urllib's HTTPError (the gate's) and the
+    openai client's APIStatusError (ci/smoke's), which carries the status as status_code."""
+    slept: list[float] = []
+    monkeypatch.setattr(run.time, "sleep", slept.append)
+
+    class StatusError(Exception):  # the openai client's shape: the status on the exception
+        def __init__(self, status_code: int) -> None:
+            super().__init__(f"Error code: {status_code}")
+            self.status_code = status_code
+
+    def http_error(code: int) -> urllib.error.HTTPError:
+        return urllib.error.HTTPError("http://x/v1/chat/completions", code, "refused", Message(), None)
+
+    ask, asked = scripted({
+        "fact-japan": [http_error(401)] * 3,
+        "fact-italy": [StatusError(400)] * 3,
+        "fact-egypt": [http_error(429), StatusError(503)],
+    })  # fmt: skip
+    results = {r.id: r for r in run.run(ask, "glm-5")}
+    for refused, status in (("fact-japan", "401"), ("fact-italy", "400")):
+        assert results[refused].outcome == "inconclusive" and results[refused].attempts == 1
+        assert status in results[refused].received and "refused" in results[refused].received
+        assert [i for i, _ in asked].count(refused) == 1
+    assert results["fact-egypt"].right and results["fact-egypt"].attempts == 3
+    assert slept == [run.TRANSPORT_PAUSE] * 2  # the 429 and the 503 only
 
 
 def test_a_group_failing_on_wrong_answers_is_wrong_even_with_inconclusive_ones() -> None:

@@ -114,15 +114,29 @@ def http_asker(base_url: str, api_key: str | None, timeout: float) -> Ask:
     return ask
 
 
+def refusal(err: BaseException) -> int | None:
+    """The HTTP status of a request the server refused for what it is (a 4xx: a wrong key, a body it will not take),
+    which every ask gets again; None for what may pass (a timeout, a dropped connection, 408, 429, a 5xx). Both
+    clients' errors: urllib's HTTPError (`code`), the openai client's APIStatusError (`status_code`)."""
+    status = getattr(err, "status_code", None) or getattr(err, "code", None)
+    if isinstance(status, int) and 400 <= status < 500 and status not in (408, 429):
+        return status
+    return None
+
+
 def asked(ask: Ask, request: dict[str, Any], pause: float) -> tuple[Reply | None, int, str]:
-    """The reply, asked up to TRANSPORT_ATTEMPTS times while the ask raises (an HTTP error, a timeout, a dropped
-    connection); how many asks; the last error (None reply: every ask raised)."""
+    """The reply, asked up to TRANSPORT_ATTEMPTS times while the ask raises (a timeout, a dropped connection, an
+    HTTP error that may pass), once when the server refuses the request (refusal); how many asks; the last error
+    (None reply: every ask raised)."""
     error = ""
     for attempt in range(1, TRANSPORT_ATTEMPTS + 1):
         try:
             return ask(request), attempt, ""
         except Exception as err:  # noqa: BLE001 (any failure to get a reply is transport trouble, named)
             error = f"{type(err).__name__}: {str(err)[:160]}"
+            status = refusal(err)
+            if status is not None:
+                return None, attempt, f"refused with HTTP {status}, not asked again: {error}"
         if attempt < TRANSPORT_ATTEMPTS:
             time.sleep(pause)
     return None, TRANSPORT_ATTEMPTS, error
