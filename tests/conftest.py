@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -167,16 +169,23 @@ def run_scenarios(tree: Path, *names: str, **env: str | None) -> dict[str, Any]:
 @pytest.fixture
 def containers() -> Iterator[list[Any]]:
     """Containers (helpers.container.start) a test appends; stopped, and their processes reaped, afterwards."""
-    import signal
-
     made: list[Any] = []
     yield made
+    stop_all(made)
+
+
+def stop_all(made: list[Any], timeout: float = 20) -> None:
+    """Containers stopped as a fleet's are: each told first, then each waited for (their drains overlap), killed
+    past `timeout`, and what any left alive reaped."""
+    running = [c for c in made if c.proc.poll() is None]
+    for c in running:
+        c.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for c in running:
+        try:
+            c.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(c.proc.pid, signal.SIGKILL)
     for c in made:
-        if c.proc.poll() is None:
-            c.proc.send_signal(signal.SIGTERM)
-            try:
-                c.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(c.proc.pid, signal.SIGKILL)
         for p in c.leftovers():
             p.kill()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import itertools
 import os
 import shutil
 import subprocess
@@ -17,7 +18,7 @@ from typing import Any
 import pytest
 
 from conftest import ROOT
-from helpers import oracles
+from helpers import container, oracles
 
 DOUBLES = ROOT / "tests" / "doubles"
 DOUBLE = DOUBLES / "sglang_server_double.py"
@@ -168,3 +169,16 @@ def test_the_box_pool_queues_what_does_not_fit(monkeypatch: pytest.MonkeyPatch, 
         "Prefill batch, #new-seq: 1, #new-token: 600, #cached-token: 0, token usage: 0.60"
     )
     assert float((tmp_path / "kv-wait-seconds").read_text()) >= 0.3
+
+
+def test_no_two_workers_and_no_two_picks_of_one_worker_share_a_port() -> None:
+    """The tests' servers bind ports picked seconds earlier: each xdist worker picks from its own share, in turn."""
+    shares = [
+        list(itertools.islice(container.worker_ports({"PYTEST_XDIST_WORKER": f"gw{i}",
+                                                      "PYTEST_XDIST_WORKER_COUNT": "4"}), 3192))
+        for i in range(4)
+    ]  # fmt: skip
+    assert all(len(set(share)) == len(share) == 3192 for share in shares)  # a whole share before any repeat
+    assert len(set().union(*map(set, shares))) == 4 * 3192 == len(container.LISTEN_PORTS)  # disjoint, and all
+    alone = container.worker_ports({})  # no xdist: the whole range
+    assert len(set(itertools.islice(alone, len(container.LISTEN_PORTS)))) == len(container.LISTEN_PORTS)

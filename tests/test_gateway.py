@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, stop_all
 from helpers.container import Container, free_port, start
 from helpers.gateway import KEY, Gateway, chat
+from test_bench import needs_bench_venv, run_bench
 
 pytestmark = pytest.mark.boots  # boots processes or runs real tools: not in ci/test --fast
 
@@ -34,8 +35,8 @@ def served(c: Container) -> float:
     return sum(float(v) for v in re.findall(r"^sglang:prompt_tokens_total\{[^}]*\} ([0-9.e+]+)$", text, re.M))
 
 
-@pytest.fixture
-def pair(tmp_path: Path, containers: list[Container]) -> Iterator[tuple[Gateway, list[Container]]]:
+def boot_pair(tmp_path: Path, containers: list[Container]) -> Iterator[tuple[Gateway, list[Container]]]:
+    """Two replicas (each the kit's container start) behind a gateway, both in its rotation."""
     replicas = []
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
@@ -51,8 +52,31 @@ def pair(tmp_path: Path, containers: list[Container]) -> Iterator[tuple[Gateway,
         gw.stop()
 
 
-def test_the_key_is_enforced_at_the_gateway_and_in_no_argv(pair: tuple[Gateway, list[Container]]) -> None:
-    gw, _ = pair
+@pytest.fixture
+def pair(tmp_path: Path, containers: list[Container]) -> Iterator[tuple[Gateway, list[Container]]]:
+    """A pair of the test's own: for a test that stops, kills or adds replicas."""
+    yield from boot_pair(tmp_path, containers)
+
+
+@pytest.fixture(scope="module")
+def shared_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Gateway, list[Container]]]:
+    """One pair for the tests that only send requests (each compares what it sent, not totals): booted once, on the
+    one worker of the group SHARED."""
+    made: list[Container] = []
+    try:
+        yield from boot_pair(tmp_path_factory.mktemp("pair"), made)
+    finally:
+        stop_all(made)
+
+
+SHARED = pytest.mark.xdist_group("gateway_pair")
+
+
+@SHARED
+def test_the_key_is_enforced_at_the_gateway_and_in_no_argv(
+    shared_pair: tuple[Gateway, list[Container]],
+) -> None:
+    gw, _ = shared_pair
     # smg's own answers (the replicas answer 401 with {"error": "Unauthorized"}): the gateway refused them itself.
     assert chat(gw.url, "hello", key=None) == (401, {"body": chat(gw.url, "hello", key=None)[1]["body"]})
     assert "Missing API key" in chat(gw.url, "hello", key=None)[1]["body"]
@@ -63,10 +87,11 @@ def test_the_key_is_enforced_at_the_gateway_and_in_no_argv(pair: tuple[Gateway, 
     assert KEY.encode() not in cmdline and KEY not in gw.output.read_text()
 
 
+@SHARED
 def test_requests_spread_and_a_shared_prefix_stays_on_one_replica(
-    pair: tuple[Gateway, list[Container]],
+    shared_pair: tuple[Gateway, list[Container]],
 ) -> None:
-    gw, (a, b) = pair
+    gw, (a, b) = shared_pair
     before = served(a), served(b)
     topics = ["tides", "volcanoes", "bread", "chess", "orbits", "violins", "glaciers", "bees", "ink", "radar",
               "coral", "steam"]  # fmt: skip
@@ -114,9 +139,12 @@ def test_a_replica_not_ready_or_dead_gets_no_traffic_and_one_that_turns_ready_do
     assert served(late) == 0  # never reached (no request: no prompt_tokens_total series at all, as in SGLang)
 
 
-def test_ci_smoke_passes_through_the_gateway(pair: tuple[Gateway, list[Container]], tmp_path: Path) -> None:
+@SHARED
+def test_ci_smoke_passes_through_the_gateway(
+    shared_pair: tuple[Gateway, list[Container]], tmp_path: Path
+) -> None:
     """Streaming, tool calls and reasoning pass through unchanged (ci/smoke's own checks)."""
-    gw, (a, _) = pair
+    gw, (a, _) = shared_pair
     report = tmp_path / "report"
     env = {k: v for k, v in os.environ.items() if not k.startswith("GLM5_")} | {"GLM5_API_KEY": KEY}
     done = subprocess.run(
@@ -188,14 +216,12 @@ def test_the_compose_profile_command_starts_the_real_gateway(
         proc.wait(timeout=30)
 
 
+@SHARED
+@needs_bench_venv
 def test_ci_bench_measures_the_replicas_through_the_gateway(
-    pair: tuple[Gateway, list[Container]], tmp_path: Path
+    shared_pair: tuple[Gateway, list[Container]], tmp_path: Path
 ) -> None:
-    from test_bench import needs_bench_venv, run_bench
-
-    if needs_bench_venv.args[0]:  # type: ignore[attr-defined]
-        pytest.skip("ci/setup-test-env bench makes .venv-bench")
-    gw, (a, b) = pair
+    gw, (a, b) = shared_pair
     before = served(a), served(b)
     # smg's discovery mode routes /generate only with a model, which bench_serving's sglang client does not send:
     # the OpenAI chat client through the gateway (its completions client sends best_of, which smg refuses with stream).

@@ -5,12 +5,14 @@ A thin layer over ci/readiness.py's Local target, so the tests boot and wait exa
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import signal
 import socket
 import sys
 import urllib.request
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,18 +28,32 @@ DOUBLE = ROOT / "tests" / "doubles" / "sglang_server_double.py"
 LISTEN_PORTS = range(20000, 32768)  # below Linux's ephemeral range (ip_local_port_range: 32768-60999)
 
 
+def worker_ports(environ: Mapping[str, str] = os.environ) -> Iterator[int]:
+    """This xdist worker's share of LISTEN_PORTS (every count-th port from its index), taken in turn from a random
+    place: no two workers, and no two picks of one worker until its share is used up, hand out the same number (a
+    random pick from the whole range gave a gateway's metrics port to two tests at once)."""
+    name = environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index, count = int(name.removeprefix("gw") or 0), int(environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    share = LISTEN_PORTS[index::count]
+    first = random.randrange(len(share))
+    return itertools.cycle(itertools.chain(share[first:], share[:first]))
+
+
+PORTS = worker_ports()
+
+
 def free_port() -> int:
     """A port free now, for a server that binds it seconds later: never one from the ephemeral range, where the
     kernel hands the same number to an outgoing connection meanwhile (a client's 32 concurrent requests took a
-    booting replica's port, and its gate then verified another replica)."""
-    while True:
-        port = random.choice(LISTEN_PORTS)
+    booting replica's port, and its gate then verified another replica), nor one another pick of this run holds."""
+    for port in PORTS:
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
             return port
+    raise AssertionError("unreachable: the ports cycle")
 
 
 @dataclass
