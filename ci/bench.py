@@ -163,8 +163,9 @@ def read_text(path: Path) -> str:
 def bench_env(conn: readiness.Connection, w: Workload) -> dict[str, str]:
     """bench_serving sends $OPENAI_API_KEY as the bearer key (sglang/benchmark/serving.py). random-ids needs no
     file: offline, so nothing is fetched by surprise; random samples ShareGPT (benchmark/datasets/random.py),
-    from --dataset-path or downloaded from the Hub, so it keeps the network."""
-    offline = {"HF_HUB_OFFLINE": "1"} if w.dataset == "random-ids" else {}
+    downloaded from the Hub unless --dataset-path gives it: then offline too (online, the Hub lookups bench_serving
+    makes anyway each wait out a timeout on a host that cannot reach it)."""
+    offline = {"HF_HUB_OFFLINE": "1"} if w.dataset == "random-ids" or w.dataset_path else {}
     return offline | ({"OPENAI_API_KEY": conn.api_key} if conn.api_key else {})
 
 

@@ -208,6 +208,9 @@ def test_bench_random_dataset_reads_a_local_sharegpt_file(
     conn = readiness.Connection(url, None)
     assert "HF_HUB_OFFLINE" in bench.bench_env(conn, bench.Workload())
     assert "HF_HUB_OFFLINE" not in bench.bench_env(conn, bench.Workload(dataset="random"))
+    # With the file given, nothing is fetched: offline (online, each Hub lookup waited out its timeout: 50 s here).
+    local = bench.Workload(dataset="random", dataset_path=str(sharegpt))
+    assert bench.bench_env(conn, local)["HF_HUB_OFFLINE"] == "1"
 
 
 @needs_bench_venv

@@ -224,18 +224,30 @@ GLM5_CONFIG = ROOT / "tests" / "fixtures" / "glm5-config"
 @pytest.mark.boots
 def test_server_flags_go_through_sglangs_own_resolution() -> None:
     """argparse, then resolve_once with the model's config and check_server_args: combinations only the
-    resolution refuses fail at preflight, in seconds, not after the load."""
+    resolution refuses fail at preflight, in seconds, not after the load. A refused flag names GLM5_EXTRA_ARGS only
+    when it came from there (the last case), else the kit's own flags. Each call imports sglang (seconds): one
+    refusal per layer."""
     argv = config.resolve({"GLM5_MODEL_DIR": str(GLM5_CONFIG)}).public_argv()[3:]
     assert preflight.check_flags(argv, str(BENCH_PYTHON)) == []
-    for extra, said in (
-        (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),  # argparse
-        (["--attn-dp-size", "3"], "AssertionError: (an assertion without a message)"),  # resolve_once
-        (["--context-length", "999999999"], "is greater than the derived context_length (202752)"),
-        (["--retraction-policy", "priority"], "requires --enable-priority-scheduling"),  # check_server_args
+    for extra, said, from_extra_args in (
+        (["--no-such-flag"], "unrecognized arguments: --no-such-flag", False),  # argparse
+        (["--attn-dp-size", "3"], "AssertionError: (an assertion without a message)", False),  # resolve_once
+        (["--context-length", "999999999"], "is greater than the derived context_length (202752)", False),
+        (
+            ["--retraction-policy", "priority"],
+            "requires --enable-priority-scheduling",
+            True,
+        ),  # check_server_args
     ):
-        found = preflight.check_flags([*argv, *extra], str(BENCH_PYTHON))
+        found = preflight.check_flags(
+            [*argv, *extra], str(BENCH_PYTHON), extra_args=extra if from_extra_args else ()
+        )
         assert [f.code for f in found] == [preflight.SERVER_FLAGS], (extra, found)
         assert said in found[0].message, found[0].message
+        if from_extra_args:
+            assert found[0].setting == "GLM5_EXTRA_ARGS" and "fix or remove the flag" in found[0].message
+        else:  # as if glm5.toml's [[flag]] said it
+            assert found[0].setting.startswith("the server flags") and "GLM5_EXTRA_ARGS" not in str(found[0])
 
 
 @pytest.mark.boots
@@ -249,17 +261,6 @@ def test_sglang_that_cannot_be_imported_is_the_images_fault_not_extra_args(tmp_p
     (found,) = preflight.check_flags(argv, str(bare))
     assert found.code == preflight.SERVER_FLAGS and found.setting == "the image", found
     assert "ModuleNotFoundError: No module named" in found.message and "rebuild it" in found.fix
-
-
-@pytest.mark.skipif(not BENCH_PYTHON.exists(), reason="ci/setup-test-env bench makes .venv-bench")
-@pytest.mark.boots
-def test_a_refused_flag_names_extra_args_only_when_it_is_set() -> None:
-    argv = config.resolve({"GLM5_MODEL_DIR": str(GLM5_CONFIG)}).public_argv()[3:]
-    extra = ["--retraction-policy", "priority"]
-    (mine,) = preflight.check_flags([*argv, *extra], str(BENCH_PYTHON), extra_args=extra)
-    assert mine.setting == "GLM5_EXTRA_ARGS" and "fix or remove the flag" in mine.message
-    (kit,) = preflight.check_flags([*argv, *extra], str(BENCH_PYTHON))  # as if glm5.toml's [[flag]] said it
-    assert kit.setting.startswith("the server flags") and "GLM5_EXTRA_ARGS" not in str(kit)
 
 
 def test_the_preflight_exit_code_table_holds_each_code_of_preflight_and_the_doctor_once() -> None:

@@ -4,6 +4,7 @@ and the README fits on a page: at most 350 lines, with a table of contents whose
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -17,6 +18,7 @@ import pytest
 from ci import render
 from configuration import settings
 from conftest import ROOT
+from helpers.container import Container, start
 
 README = (ROOT / "README.md").read_text()
 DOCS = "\n".join([README, *(p.read_text() for p in sorted((ROOT / "docs").glob("*.md")))])
@@ -183,6 +185,91 @@ def test_the_quick_starts_weights_step_works_for_an_operator_who_is_not_uid_1000
     assert done.returncode == 0, done.stderr
     for path in (folder, folder / "config.json"):
         assert (path.stat().st_uid, path.stat().st_gid) == (1000, 0), path
+
+
+def shell_blocks(text: str = README) -> list[str]:
+    """Every ```sh block of the README, its lines unindented."""
+    return [
+        "\n".join(line.strip() for line in body.splitlines()) + "\n"
+        for body in re.findall(r"```sh\n(.*?)```", text, re.S)
+    ]
+
+
+# Each command block the README tells a user to run (by its first line's start): the test that runs it here, or why
+# it cannot run on a machine without a Docker engine, GPUs or a cluster. A new block must be added here.
+BLOCKS = {
+    "docker compose up glm5": "not run: needs a Docker engine and the eight GPUs; ci/smoke runs it on the box, and "
+    "tests/test_smoke_compose.py runs ci/smoke's compose path against a stand-in docker; ci/test is CI's own command",
+    "sudo install -d": "test_the_quick_starts_weights_step_works_for_an_operator_who_is_not_uid_1000",
+    "cp .env.example .env": "test_the_quick_starts_settings_step_reaches_compose_and_the_container",
+    "curl -s http://127.0.0.1:30000": "test_the_first_request_answers_a_chat_completion",
+    "docker tag glm5-serve": "not run as a whole: docker tag and push need an engine and a registry; its sed line "
+    "runs in tests/test_image.py::test_the_readme_image_step_tags_every_container",
+}
+
+
+def test_every_command_block_of_the_readme_is_run_by_a_test_or_says_why_not() -> None:
+    tests = "\n".join(p.read_text() for p in (ROOT / "tests").glob("test_*.py"))
+    blocks = shell_blocks()
+    assert len(blocks) >= 5
+    for block in blocks:
+        owners = [k for k in BLOCKS if block.startswith(k)]
+        assert len(owners) == 1, f"a README block no test runs (add it to BLOCKS): {block.splitlines()[0]}"
+        runner = BLOCKS[owners[0]]
+        if not runner.startswith("not run"):
+            assert f"def {runner}(" in tests, runner
+    assert len(BLOCKS) == len(blocks), "BLOCKS names a block the README no longer has"
+    unlisted = "Intro\n```sh\nrm -rf /srv/models\n```\n"  # the check can fail: a block nobody runs
+    assert not [b for b in shell_blocks(unlisted) if any(b.startswith(k) for k in BLOCKS)]
+
+
+@pytest.mark.boots
+def test_the_quick_starts_settings_step_reaches_compose_and_the_container(tmp_path: Path) -> None:
+    """Step 2 as written, in a copy of the kit's compose files: compose reads the weights folder from .env, passes
+    the generated key from glm5.env into the container, and the kit's settings take what glm5.env holds."""
+    for name in ("docker-compose.yml", ".env.example", "glm5.env.example"):
+        shutil.copy2(ROOT / name, tmp_path / name)
+    (tmp_path / "gateway").mkdir()
+    block = shell_block("2. **Settings.**")
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=tmp_path, capture_output=True, text=True,
+                          check=False, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    composed = subprocess.run(
+        [str(Path(sys.executable).parent / "docker-compose"), "-f", "docker-compose.yml", "config", "--format", "json"],
+        cwd=tmp_path, capture_output=True, text=True, check=False, timeout=120,
+        env={k: v for k, v in os.environ.items() if not k.startswith("GLM5_")},
+    )  # fmt: skip
+    assert composed.returncode == 0, composed.stderr
+    glm5 = json.loads(composed.stdout)["services"]["glm5"]
+    assert "/srv/models/GLM-5-NVFP4" in [v["source"] for v in glm5["volumes"]]
+    written = dict(
+        line.split("=", 1)
+        for line in (tmp_path / "glm5.env").read_text().splitlines()
+        if re.match(r"GLM5_\w+=", line)
+    )
+    assert (
+        re.fullmatch(r"[0-9a-f]{48}", written["GLM5_API_KEY"])
+        and glm5["environment"]["GLM5_API_KEY"] == written["GLM5_API_KEY"]
+    )
+    assert settings.resolve(written)["api_key"] == written["GLM5_API_KEY"]  # no setting refused
+
+
+@pytest.mark.boots
+def test_the_first_request_answers_a_chat_completion(tmp_path: Path, containers: list[Container]) -> None:
+    """Step 5's curl as written, with the key exported as step 2 leaves it, against the container (the double):
+    a chat.completion whose choices[0].message.content holds the reply."""
+    key = "0123456789abcdef" * 3
+    c = start(tmp_path, GLM5_API_KEY=key)
+    containers.append(c)
+    c.wait_healthy()
+    block = shell_block("5. **First request**")
+    assert "127.0.0.1:30000" in block
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", block.replace(":30000", f":{c.port}")],
+                          env=os.environ | {"GLM5_API_KEY": key}, capture_output=True, text=True, check=False,
+                          timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert answer["object"] == "chat.completion" and answer["choices"][0]["message"]["content"].strip()
 
 
 def exit_code_tools(code: str) -> list[str]:

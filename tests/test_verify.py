@@ -10,11 +10,13 @@ import json
 import os
 import re
 import subprocess
+import time
 import urllib.error
 from collections import Counter
 from collections.abc import Callable
 from email.message import Message
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -428,6 +430,12 @@ def scripted(script: dict[str, list[Any]]) -> tuple[run.Ask, list[tuple[str, int
     return ask, asked
 
 
+def pauses_only_here(monkeypatch: pytest.MonkeyPatch, slept: list[float]) -> None:
+    """verify/run.py's pauses recorded instead of slept: its own `time` replaced, not the time module every thread
+    of this worker shares (a fixture's thread polling meanwhile would record its sleeps too)."""
+    monkeypatch.setattr(run, "time", SimpleNamespace(monotonic=time.monotonic, sleep=slept.append))
+
+
 def test_a_cut_reply_is_asked_again_once_at_four_times_its_bound_then_is_inconclusive() -> None:
     ask, asked = scripted({"arithmetic-b1-0": [("(1 + 2) * 3 - 4 = 3 * 3", "length")],
                            "arithmetic-b1-1": [("(1 + 2) * 3", "length"), ("(1 + 2) * 3 - 4 = 9 - 4", "length")]})  # fmt: skip
@@ -443,7 +451,7 @@ def test_a_transport_error_is_asked_again_up_to_its_bound_then_is_inconclusive(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     slept: list[float] = []
-    monkeypatch.setattr(run.time, "sleep", slept.append)
+    pauses_only_here(monkeypatch, slept)
     errors: dict[str, list[Any]] = {
         "fact-japan": [TimeoutError("timed out"), ConnectionResetError("reset")],
         "retrieval-32000": [TimeoutError("timed out")] * 5,
@@ -466,7 +474,7 @@ def test_a_refused_request_is_not_asked_again(monkeypatch: pytest.MonkeyPatch) -
     pause; a 429 or a 503 may pass and is asked again. Both clients' errors: urllib's HTTPError (the gate's) and the
     openai client's APIStatusError (ci/smoke's), which carries the status as status_code."""
     slept: list[float] = []
-    monkeypatch.setattr(run.time, "sleep", slept.append)
+    pauses_only_here(monkeypatch, slept)
 
     class StatusError(Exception):  # the openai client's shape: the status on the exception
         def __init__(self, status_code: int) -> None:
