@@ -61,9 +61,12 @@ def judge(obs: Observation) -> Verdict:
 def recorded(
     result: dict[str, Any], failed: dict[str, Any] | None, on_failure: str = "wait"
 ) -> dict[str, Any]:
-    """A failure the entrypoint recorded (failed.json) decides: it gave up, and waits or exits, showing why."""
+    """A failure the entrypoint recorded (failed.json) decides: it gave up, and waits or exits, showing why. Its
+    kind stays what the log or the gate showed (a wrong verification stays wrong_answers, exit code 71 or 72);
+    "recorded" where they showed nothing."""
     if failed is None:
         return result
+    shown = result.get("failure_kind") if result.get("phase") == Phase.FAILED else None
     then = (
         "the container exits with it (GLM5_ON_FAILURE=exit)"
         if on_failure == "exit"
@@ -74,7 +77,7 @@ def recorded(
         "phase": Phase.FAILED,
         "reason": f"{failed.get('reason')} (exit code {failed.get('code')}; {then})",
         "failed_code": failed.get("code"),
-        "failure_kind": "recorded",
+        "failure_kind": shown or "recorded",
         "hung": False,  # a recorded failure waits for a fix: not the hang of an old log a restart would clear
     }
 
@@ -322,8 +325,11 @@ def verification_of(verified: dict[str, Any] | None, start: int | None) -> dict[
         "seconds",
         "build_id",
     )
-    wrong = [r["id"] for r in verified.get("results", []) if not r.get("right")]
-    return {k: verified.get(k) for k in keys} | {"wrong": wrong}
+    missed = [r for r in verified.get("results", []) if not r.get("right")]
+    # An item with no conclusion (no reply, or cut twice) is not a wrong answer: named apart, as the verdict does.
+    unsure = [r["id"] for r in missed if r.get("outcome") == "inconclusive"]
+    wrong = [r["id"] for r in missed if r.get("outcome") != "inconclusive"]
+    return {k: verified.get(k) for k in keys} | {"wrong": wrong, "inconclusive": unsure}
 
 
 def gated(result: dict[str, Any], mode: str, verified: dict[str, Any] | None) -> dict[str, Any]:

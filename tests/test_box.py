@@ -5,8 +5,6 @@ set by the same factor (GLM5_DRAIN_SECONDS, smg's flags after `--`)."""
 
 from __future__ import annotations
 
-import json
-import signal
 import threading
 import time
 import tomllib
@@ -18,9 +16,8 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from helpers.container import Container, start
-from helpers.gateway import KEY, Gateway
-from test_rollout import in_rotation, p99, two_replicas, wait_for
+from helpers.container import Container
+from helpers.gateway import KEY, Gateway, chat_request, p99, replace_each, two_replicas
 
 pytestmark = [pytest.mark.boots, pytest.mark.xdist_group("rollout")]  # one at a time: they time requests
 
@@ -31,9 +28,7 @@ def stream(url: str, prompt: str, max_tokens: int, timeout: float = 60) -> tuple
     """One streamed chat: its status, whether it ended as SGLang ends a whole answer ([DONE] after a finish), seconds."""
     body = {"model": "glm-5", "max_tokens": max_tokens, "stream": True,
             "messages": [{"role": "user", "content": prompt}]}  # fmt: skip
-    request = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(), method="POST")
-    request.add_header("Content-Type", "application/json")
-    request.add_header("Authorization", f"Bearer {KEY}")
+    request = chat_request(url, body)
     began = time.monotonic()
     try:
         with urllib.request.urlopen(request, timeout=timeout) as r:
@@ -73,18 +68,7 @@ def test_a_rolling_replacement_cuts_no_answer_longer_than_yesterdays_drain(
         for t in clients:
             t.start()
         time.sleep(1)
-        for name, old in replicas.items():  # one at a time, each with answers in flight
-            old.proc.send_signal(signal.SIGTERM)
-            assert old.proc.wait(timeout=drain + 20) == 0
-            (tmp_path / f"{name}2").mkdir()
-            new = start(
-                tmp_path / f"{name}2", "box", port=old.port, GLM5_EXPORTER_PORT=str(old.exporter_port), **env
-            )
-            containers.append(new)
-            wait_for(lambda new=new: in_rotation(gw, new), 90)
-            gw.wait_healthy(
-                2
-            )  # smg routes to it after its health checks pass, not when the rotation lists it
+        replace_each(gw, replicas, containers, env, "box", stop_timeout=drain + 20)  # answers in flight
         stop.set()
         for t in clients:
             t.join(timeout=drain + 30)

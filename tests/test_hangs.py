@@ -65,11 +65,12 @@ def test_a_hang_that_repeats_ends_as_a_recorded_failure_after_the_retries(tmp_pa
     assert failed is not None and failed["code"] == HUNG == 73
     assert "2 starts in a row hung (GLM5_START_RETRIES=1)" in failed["reason"]
     assert "while autotuning" in failed["reason"] and "--disable-flashinfer-autotune" in failed["reason"]
-    # What every prober reads from then on: failed, recorded, not hung (liveness passes, the pod waits).
+    # What every prober reads from then on: failed, of kind hung with the recorded code, not hung any more as
+    # liveness reads it (it passes, the pod waits).
     found = phase.judge(observed(MARKER.replace(b"#1", b"#2") + LOADED + AUTOTUNE, 5000, failed=failed))
     assert (found.phase, found.failure_kind, found.hung, found.failure_code) == (
         Phase.FAILED,
-        "recorded",
+        "hung",
         False,
         73,
     )

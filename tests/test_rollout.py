@@ -4,20 +4,17 @@ a rolling replacement under load fails no request, and 4x the capacity fails not
 
 from __future__ import annotations
 
-import json
-import signal
 import threading
 import time
 import urllib.error
 import urllib.request
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from helpers.container import Container, start
-from helpers.gateway import KEY, Gateway
+from helpers.container import Container
+from helpers.gateway import KEY, Gateway, chat_request, p99, replace_each, two_replicas
 
 pytestmark = [pytest.mark.boots, pytest.mark.xdist_group("rollout")]  # one at a time: they time requests
 
@@ -30,9 +27,7 @@ def ask(url: str, text: str, timeout: float = 60) -> tuple[int, float, dict[str,
     """One chat request: its status, seconds and headers (0: no HTTP answer at all)."""
     body = {"model": "glm-5", "max_tokens": 16,
             "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}]}  # fmt: skip
-    request = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(), method="POST")
-    request.add_header("Content-Type", "application/json")
-    request.add_header("Authorization", f"Bearer {KEY}")
+    request = chat_request(url, body)
     began = time.monotonic()
     try:
         with urllib.request.urlopen(request, timeout=timeout) as r:
@@ -43,36 +38,6 @@ def ask(url: str, text: str, timeout: float = 60) -> tuple[int, float, dict[str,
         return err.code, time.monotonic() - began, {k.lower(): v for k, v in err.headers.items()}
     except OSError:
         return 0, time.monotonic() - began, {}
-
-
-def p99(seconds: list[float]) -> float:
-    ordered = sorted(seconds)
-    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
-
-
-def in_rotation(gw: Gateway, c: Container) -> bool:
-    try:
-        return f"127.0.0.1:{c.port}" in gw.rotation.read_text()
-    except OSError:
-        return False
-
-
-def wait_for(what: Any, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not what():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
-
-
-def two_replicas(tmp_path: Path, containers: list[Container], env: dict[str, str]) -> dict[str, Container]:
-    """Replicas a and b, each the kit's container start, ready one after the other."""
-    replicas = {}
-    for name in ("a", "b"):
-        (tmp_path / name).mkdir()
-        replicas[name] = start(tmp_path / name, **env)
-        containers.append(replicas[name])
-        replicas[name].wait_healthy()
-    return replicas
 
 
 def test_a_rolling_replacement_under_load_fails_no_request(
@@ -101,18 +66,8 @@ def test_a_rolling_replacement_under_load_fails_no_request(
         for t in clients:
             t.start()
         time.sleep(2)
-        replaced = {}
-        for name, old in replicas.items():  # one at a time, as the README's procedure says
-            old.proc.send_signal(signal.SIGTERM)  # docker stop / a pod deletion
-            assert old.proc.wait(timeout=40) == 0
-            (tmp_path / f"{name}2").mkdir()
-            new = start(
-                tmp_path / f"{name}2", port=old.port, GLM5_EXPORTER_PORT=str(old.exporter_port), **env
-            )
-            containers.append(new)
-            wait_for(lambda new=new: in_rotation(gw, new), 90)  # ready and verified: the rotation takes it
-            replaced[name] = new
-            time.sleep(2)
+        replaced = replace_each(gw, replicas, containers, env)
+        time.sleep(2)
         stop.set()
         for t in clients:
             t.join(timeout=90)

@@ -181,6 +181,26 @@ def test_a_wrong_verification_fails_the_start_with_enforce_and_is_only_reported_
     assert reported["phase"] == "ready" and "verification FAILED, serving anyway" in reported["reason"]
 
 
+def test_a_recorded_wrong_start_keeps_its_kind_and_names_inconclusive_items_apart() -> None:
+    """Once the gate records it (failed.json, 71), the verdict still says what failed (wrong_answers, as before the
+    record) with the recorded code; an item with no conclusion is listed as inconclusive, not as a wrong answer."""
+    found = record(3, {"tool-madrid"})
+    for row in found["results"]:
+        if row["id"] == "fact-japan":
+            row |= {"right": False, "outcome": "inconclusive"}
+    failed = {"code": WRONG_ANSWERS, "reason": "verification failed, the server answers wrongly: ..."}
+    verdict = phase.recorded(phase.gated(READY, "enforce", found), failed)
+    assert (verdict["phase"], verdict["failure_kind"], verdict["failed_code"]) == (
+        "failed",
+        "wrong_answers",
+        71,
+    )
+    assert verdict["verification"]["wrong"] == ["tool-madrid"]
+    assert verdict["verification"]["inconclusive"] == ["fact-japan"]
+    # A recorded failure the log and the gate showed nothing of keeps the generic kind.
+    assert phase.recorded(READY | {"phase": "loading"}, failed)["failure_kind"] == "recorded"
+
+
 def test_regressions_are_items_right_on_the_earlier_build_and_wrong_now(tmp_path: Path) -> None:
     for build, wrong, passed in (
         ("old", set(), True),

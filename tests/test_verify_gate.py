@@ -89,8 +89,9 @@ def test_a_wrong_server_never_turns_ready_and_says_which_items(
     containers.append(c)
     found, seen = settled(c)
     reason, named = WRONG_MODES[mode]
-    # Recorded as any failure a restart cannot fix (failed.json, its exit code): the healthcheck's kind is "recorded".
+    # Recorded as any failure a restart cannot fix (failed.json, its exit code), its kind still what failed.
     assert found["phase"] == "failed" and found["failed_code"] == 71, found
+    assert found["failure_kind"] == "wrong_answers", found
     assert "verifying" in seen and "ready" not in seen, seen
     assert reason in found["reason"], found["reason"]
     assert named <= set(found["verification"]["wrong"]), found["verification"]["wrong"]

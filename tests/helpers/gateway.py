@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from conftest import ROOT
-from helpers.container import Container, free_port
+from helpers.container import Container, free_port, start
 
 KEY = "gateway-test-key-0123456789"
 LAUNCH = ROOT / "gateway" / "launch"
@@ -111,14 +111,18 @@ class Gateway:
             self.proc.wait(timeout=30)
 
 
-def chat(url: str, text: str, key: str | None = KEY, **extra: Any) -> tuple[int, dict[str, Any]]:
-    body = {"model": "glm-5", "messages": [{"role": "user", "content": text}], "max_tokens": 16} | extra
-    request = urllib.request.Request(
-        url + "/v1/chat/completions", data=json.dumps(body).encode(), method="POST"
-    )
+def chat_request(url: str, body: dict[str, Any], key: str | None = KEY) -> urllib.request.Request:
+    """A POST of BODY to the chat route as the clients send it: JSON, the bearer key when given."""
+    request = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(), method="POST")
     request.add_header("Content-Type", "application/json")
     if key:
         request.add_header("Authorization", f"Bearer {key}")
+    return request
+
+
+def chat(url: str, text: str, key: str | None = KEY, **extra: Any) -> tuple[int, dict[str, Any]]:
+    body = {"model": "glm-5", "messages": [{"role": "user", "content": text}], "max_tokens": 16} | extra
+    request = chat_request(url, body, key)
     try:
         with urllib.request.urlopen(request, timeout=60) as r:
             raw = r.read()
@@ -130,3 +134,63 @@ def chat(url: str, text: str, key: str | None = KEY, **extra: Any) -> tuple[int,
         return err.code, {"body": err.read().decode(errors="replace")}
     except (urllib.error.URLError, ConnectionError):
         return 0, {}  # nothing listening yet
+
+
+def p99(seconds: list[float]) -> float:
+    ordered = sorted(seconds)
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+
+
+def in_rotation(gw: Gateway, c: Container) -> bool:
+    try:
+        return f"127.0.0.1:{c.port}" in gw.rotation.read_text()
+    except OSError:
+        return False
+
+
+def wait_for(what: Any, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not what():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def two_replicas(tmp_path: Path, containers: list[Container], env: dict[str, str]) -> dict[str, Container]:
+    """Replicas a and b, each the kit's container start, ready one after the other."""
+    replicas = {}
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        replicas[name] = start(tmp_path / name, **env)
+        containers.append(replicas[name])
+        replicas[name].wait_healthy()
+    return replicas
+
+
+def replace_each(
+    gw: Gateway,
+    replicas: dict[str, Container],
+    containers: list[Container],
+    env: dict[str, str],
+    *modes: str,
+    stop_timeout: float = 40,
+) -> dict[str, Container]:
+    """The README's rolling replacement, one replica at a time: stop it (docker stop, a pod deletion: SIGTERM and
+    its drain), start its replacement on the same ports, and go on only once the rotation lists it and smg routes
+    to it (its health checks passed: the rotation's listing alone does not make smg send it work)."""
+    replaced = {}
+    for name, old in replicas.items():
+        old.proc.send_signal(signal.SIGTERM)
+        assert old.proc.wait(timeout=stop_timeout) == 0
+        (old.tmp.parent / f"{name}2").mkdir()
+        new = start(
+            old.tmp.parent / f"{name}2",
+            *modes,
+            port=old.port,
+            GLM5_EXPORTER_PORT=str(old.exporter_port),
+            **env,
+        )
+        containers.append(new)
+        wait_for(lambda new=new: in_rotation(gw, new), 90)  # ready and verified: the rotation takes it
+        gw.wait_healthy(len(replicas))
+        replaced[name] = new
+    return replaced
