@@ -2,8 +2,9 @@
 started through entrypoint.sh, the real supervisord and entrypoint/launch, as the container runs it.
 
 Budget: three real starts per run, two alive at once (one xdist group, so one worker): `shared`, started by the
-first test that boots so its imports overlap the others', serves every read-only check; the stop while loading
-and the drain get their own. The server program's flag classification is checked without a start.
+first test that boots so its imports overlap the others', serves every read-only check and is the replica that
+stays when the other of a pair behind the real smg is stopped under load; the stop while loading and that stopped
+replica get their own. The server program's flag classification is checked without a start.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,7 @@ from conftest import healthcheck_json
 from healthcheck import logscan
 from helpers import real_server, sglang_cpu_server
 from helpers.container import exporter_samples
+from helpers.gateway import Gateway, chat_request
 from helpers.real_server import RealContainer
 from test_monitoring import base_name, used_series
 
@@ -173,38 +176,97 @@ def test_a_stop_while_the_server_loads_leaves_no_process(
 
 def stream_lines(c: RealContainer, body: dict[str, Any], lines: list[tuple[float, str]]) -> None:
     connection = http.client.HTTPConnection("127.0.0.1", c.port, timeout=300)
-    connection.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"}
+    connection.request("POST", "/v1/chat/completions", json.dumps(body), headers)
     response = connection.getresponse()
     for raw in response:
         if raw.strip():
             lines.append((time.monotonic(), raw.decode().strip()))
 
 
+def whole_stream(url: str, body: dict[str, Any]) -> tuple[int, int | None]:
+    """One streamed chat through URL: its status and, when it ended as SGLang ends a whole answer (the usage chunk,
+    then [DONE]), its completion tokens (None: cut)."""
+    try:
+        with urllib.request.urlopen(chat_request(url, body, KEY), timeout=300) as response:
+            events = [line.strip() for line in response if line.strip()]
+            status = response.status
+    except urllib.error.HTTPError as err:
+        err.read()
+        return err.code, None
+    except OSError:
+        return 0, None
+    if len(events) < 2 or events[-1] != b"data: [DONE]":
+        return status, None
+    return status, json.loads(events[-2].removeprefix(b"data: "))["usage"]["completion_tokens"]
+
+
 @pytest.mark.boots
 @pytest.mark.xdist_group("real_sglang")
-def test_a_stop_drains_a_stream_in_flight_to_its_end(
-    shared: RealContainer, tiny_llama: Path, tmp_path: Path
+def test_a_replica_stopped_under_load_behind_the_real_gateway_drains_and_fails_nothing(
+    ready: RealContainer, tiny_llama: Path, tmp_path: Path
 ) -> None:
-    c = real_server.start(tmp_path, tiny_llama, stop_timeout=180, GLM5_DRAIN_SECONDS="120")
+    """Two real servers behind the real smg (gateway/launch, its rotation), clients streaming through it; one
+    replica is stopped as docker stop or a pod deletion stops it: a stream in flight on it runs to its end inside
+    its drain, it leaves the rotation, and no client's stream fails or is cut, during the drain or after it."""
+    (tmp_path / "b").mkdir()
+    c = real_server.start(
+        tmp_path / "b", tiny_llama, stop_timeout=180, GLM5_DRAIN_SECONDS="120", GLM5_API_KEY=KEY
+    )
     c.wait_ready()
-    lines: list[tuple[float, str]] = []
-    reader = threading.Thread(target=stream_lines, args=(c, chat(300, stream=True), lines), daemon=True)
-    reader.start()
-    while len(lines) < 3 and reader.is_alive():
-        time.sleep(0.05)
-    c.proc.send_signal(signal.SIGTERM)  # the container's stop: entrypoint.sh, supervisord, launch, the server
-    while "SIGTERM received" not in c.output() and reader.is_alive():
-        time.sleep(0.05)
-    signalled = time.monotonic()
-    reader.join(timeout=240)
-    code = c.proc.wait(timeout=240)  # type: ignore[attr-defined]
+    gw = Gateway(tmp_path, {"real-a": ready, "real-b": c}, GLM5_API_KEY=KEY)
+    results: list[tuple[float, int, int | None]] = []  # (began, status, completion tokens)
+    stop = threading.Event()
+
+    def client(i: int) -> None:
+        turn = 0
+        while not stop.is_set():
+            body = chat(200, stream=True) | {
+                "messages": [{"role": "user", "content": f"client {i}, turn {turn}"}]
+            }
+            results.append((time.monotonic(), *whole_stream(gw.url, body)))
+            turn += 1
+
+    try:
+        gw.wait_healthy(2)
+        clients = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(4)]
+        for t in clients:
+            t.start()
+        lines: list[tuple[float, str]] = []  # one stream sure to be on the replica that stops
+        reader = threading.Thread(target=stream_lines, args=(c, chat(300, stream=True), lines), daemon=True)
+        reader.start()
+        while len(lines) < 3 and reader.is_alive():
+            time.sleep(0.05)
+        c.proc.send_signal(
+            signal.SIGTERM
+        )  # the container's stop: entrypoint.sh, supervisord, launch, the server
+        while "SIGTERM received" not in c.output() and reader.is_alive():
+            time.sleep(0.05)
+        signalled = time.monotonic()
+        reader.join(timeout=240)
+        code = c.proc.wait(timeout=240)  # type: ignore[attr-defined]
+        gone = time.monotonic()
+        while not [r for r in results if r[0] > gone] and time.monotonic() < gone + 120:
+            time.sleep(0.2)  # clients go on after the replica is gone: one stream begun then, answered
+        stop.set()
+        for t in clients:
+            t.join(timeout=120)
+        log = gw.output.read_text()
+    finally:
+        gw.stop()
     assert lines and lines[-1][1] == "data: [DONE]", lines[-3:]
-    usage = json.loads(lines[-2][1].removeprefix("data: "))["usage"]
-    assert usage["completion_tokens"] == 300
-    after = sum(1 for at, _ in lines if at > signalled)
-    assert after > 1, "the stream ended before the server saw the SIGTERM: nothing was drained"
+    assert json.loads(lines[-2][1].removeprefix("data: "))["usage"]["completion_tokens"] == 300
+    assert sum(1 for at, _ in lines if at > signalled) > 1, (
+        "the stream ended before the SIGTERM: nothing drained"
+    )
     assert code == 0 and not c.commands()
     assert "Draining requests and shutting down" in c.output()
+    assert "real-b is out of the rotation" in log, log[-2000:]
+    outcomes = Counter((status, tokens) for _, status, tokens in results)
+    after = sum(1 for began, _, _ in results if began > gone)
+    figures = f"{len(results)} streams through the gateway ({after} begun after the stop), {outcomes}"
+    print(f"\nreal servers, one stopped under load: {figures}")
+    assert after >= 1 and set(outcomes) == {(200, 200)}, figures
 
 
 @pytest.mark.boots
