@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, stop_all
-from helpers.container import Container, free_port, start
+from helpers.container import POLL, Container, free_port, start
 from helpers.gateway import KEY, Gateway, chat
 from test_bench import needs_bench_venv, run_bench
 
@@ -149,7 +149,7 @@ def test_ci_smoke_passes_through_the_gateway(
     env = {k: v for k, v in os.environ.items() if not k.startswith("GLM5_")} | {"GLM5_API_KEY": KEY}
     done = subprocess.run(
         [str(ROOT / "ci" / "smoke"), "--url", gw.url, "--metrics-url", f"http://127.0.0.1:{a.port}",
-         "--timeout", "60", "--poll", "0.3", "--report-dir", str(report)],
+         "--timeout", "60", "--poll", str(POLL), "--report-dir", str(report)],
         capture_output=True, text=True, env=env, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr

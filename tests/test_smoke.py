@@ -12,7 +12,7 @@ import pytest
 
 from ci import host_versions
 from conftest import ROOT
-from helpers.container import Container, start
+from helpers.container import POLL, Container, start
 
 pytestmark = pytest.mark.boots  # boots processes or runs real tools: not in ci/test --fast
 
@@ -32,7 +32,7 @@ def smoke(
             "--timeout",
             timeout,
             "--poll",
-            "0.3",
+            str(POLL),
             "--report-dir",
             str(report),
             *args,

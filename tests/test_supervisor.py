@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from conftest import ROOT, healthcheck_json, kit_env
-from helpers.container import Container, start
+from helpers.container import POLL, Container, start
 
 pytestmark = pytest.mark.boots  # boots processes or runs real tools: not in ci/test --fast
 
@@ -317,7 +317,7 @@ def wait_for_recorded_failure(c: Container) -> dict[str, Any]:
             return found
         assert c.proc.poll() is None, f"the container exited ({c.proc.poll()}) instead of waiting"
         assert time.monotonic() < deadline, found
-        time.sleep(0.3)
+        time.sleep(POLL)
 
 
 def test_a_server_that_keeps_failing_stays_up_failed_instead_of_reloading(

@@ -25,6 +25,10 @@ from conftest import ROOT
 DOUBLE = ROOT / "tests" / "doubles" / "sglang_server_double.py"
 
 
+# Seconds between the readiness polls of a test waiting for a start: each runs the healthcheck, a Python process of
+# about 0.1 s of CPU; at 0.2 s a waiting test kept a third of a core busy (a start read healthy in 9.0-9.4 s and 3.1-3.9
+# CPU-s in all; at 1.0 s in 7.4-7.5 s and 2.6-2.8 CPU-s, on 2 cores).
+POLL = 0.5
 LISTEN_PORTS = range(20000, 32768)  # below Linux's ephemeral range (ip_local_port_range: 32768-60999)
 
 
@@ -87,7 +91,7 @@ class Container:
 
     def wait_healthy(self, timeout: float = 60, through_restarts: bool = False) -> None:
         waited = readiness.wait_until_ready(
-            self.target, timeout, 0.2, readiness.now(), lambda _line: None, through_restarts
+            self.target, timeout, POLL, readiness.now(), lambda _line: None, through_restarts
         )
         assert waited.ready, f"not ready: {waited.reason}\n{self.output()}"
 
