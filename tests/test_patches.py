@@ -12,9 +12,7 @@ import pytest
 
 from conftest import ROOT, copy_flashinfer, run_apply, run_scenarios, tree_env
 
-# boots processes or runs real tools: not in ci/test --fast. One worker: the flashinfer trees (conftest) are copied,
-# patched and their scenarios run once per worker that uses them (seconds of CPU each).
-pytestmark = [pytest.mark.boots, pytest.mark.xdist_group("flashinfer")]
+pytestmark = pytest.mark.boots  # boots processes or runs real tools: not in ci/test --fast
 
 PATCHES = ROOT / "patches"
 MALFORMED = ("abc", "12", "v12.8", "12.8a", "12.8.1.4", "1 2.8")

@@ -198,7 +198,6 @@ def test_shm_size_is_measured(tmp_path: Path) -> None:
 
 
 @pytest.mark.boots
-@pytest.mark.xdist_group("flashinfer")  # the trees test_patches.py uses, made once
 def test_flashinfer_check_uses_patches_verify(
     monkeypatch: pytest.MonkeyPatch, unpatched_tree: Path, patched_tree: Path, fake_nvcc: Path
 ) -> None:
