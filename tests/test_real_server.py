@@ -112,6 +112,18 @@ def shared(tmp_path_factory: pytest.TempPathFactory, tiny_llama: Path) -> Iterat
 
 
 @pytest.fixture
+def real_starts() -> Iterator[list[RealContainer]]:
+    """The real starts a test makes, stopped after it whether it passed or not (a test that failed midway left a
+    whole real server running, 1.8 GiB, to the end of the run), with whatever they left behind."""
+    made: list[RealContainer] = []
+    yield made
+    for c in made:
+        c.target.stop()
+        for process in c.leftovers():
+            process.kill()
+
+
+@pytest.fixture
 def ready(shared: RealContainer) -> RealContainer:
     if not shared.was_ready:
         shared.wait_ready()
@@ -148,12 +160,13 @@ def chat(max_tokens: int, stream: bool = False) -> dict[str, Any]:
 @pytest.mark.boots
 @pytest.mark.xdist_group("real_sglang")
 def test_a_stop_while_the_server_loads_leaves_no_process(
-    shared: RealContainer, tiny_llama: Path, tmp_path: Path
+    shared: RealContainer, tiny_llama: Path, tmp_path: Path, real_starts: list[RealContainer]
 ) -> None:
     """SGLang's spawned processes arm die-with-parent only after their imports (scheduler.py, detokenizer_manager.py
     kill_itself_when_parent_died): a SIGTERM to the server while they import leaves them orphaned. The kit's launch
     kills what the server left in its process group. (`shared` is asked for only so its start overlaps this one.)"""
     c = real_server.start(tmp_path, tiny_llama, stop_timeout=120)
+    real_starts.append(c)
     deadline = time.monotonic() + real_server.START_TIMEOUT
     while time.monotonic() < deadline:  # the server's spawned children exist: it is loading
         titles = (
@@ -201,7 +214,7 @@ def whole_stream(url: str, body: dict[str, Any]) -> tuple[int, int | None]:
 @pytest.mark.boots
 @pytest.mark.xdist_group("real_sglang")
 def test_a_replica_stopped_under_load_behind_the_real_gateway_drains_and_fails_nothing(
-    ready: RealContainer, tiny_llama: Path, tmp_path: Path
+    ready: RealContainer, tiny_llama: Path, tmp_path: Path, real_starts: list[RealContainer]
 ) -> None:
     """Two real servers behind the real smg (gateway/launch, its rotation), clients streaming through it; one
     replica is stopped as docker stop or a pod deletion stops it: a stream in flight on it runs to its end inside
@@ -210,6 +223,7 @@ def test_a_replica_stopped_under_load_behind_the_real_gateway_drains_and_fails_n
     c = real_server.start(
         tmp_path / "b", tiny_llama, stop_timeout=180, GLM5_DRAIN_SECONDS="120", GLM5_API_KEY=KEY
     )
+    real_starts.append(c)
     c.wait_ready()
     gw = Gateway(tmp_path, {"real-a": ready, "real-b": c}, GLM5_API_KEY=KEY)
     results: list[tuple[float, int, int | None]] = []  # (began, status, completion tokens)
