@@ -200,3 +200,45 @@ def test_short_disk_fails_where_an_image_is_required(short_disk: Path) -> None:
     assert "GLM5_REQUIRE_IMAGE=1: an image is required" in done.stderr
     assert done.stdout.startswith("::error title=ci/build-image::no image built, and GLM5_REQUIRE_IMAGE=1")
     assert "must not run" not in done.stderr
+
+
+# ---- ci/build-image's runs inside the image ------------------------------------------------------------------
+
+
+def in_image(tmp_path: Path, first_error: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """ci/build-image's in_image with a buildah whose first run fails before anything runs inside, with
+    `first_error` on stderr (exit 1, as buildah 1.28 ends a run it could not start), and whose later runs succeed."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    calls = tmp_path / "calls"
+    (fake / "buildah").write_text(
+        f'#!/bin/sh\necho "$*" >> {calls}\n'
+        f'if [ "$(wc -l < {calls})" -eq 1 ]; then echo "{first_error}" >&2; echo "Error: exit status 1" >&2; exit 1; fi\n'
+        'echo "ran inside"\n'
+    )
+    (fake / "buildah").chmod(0o755)
+    done = subprocess.run(
+        ["bash", "-c", f'source "{BUILD_IMAGE}"; in_image ctr1 cat /opt/glm5/BUILD-ID'],
+        capture_output=True,
+        text=True,
+        env=os.environ | {"PATH": f"{fake}{os.pathsep}{os.environ['PATH']}"},
+        check=False,
+        timeout=60,
+    )
+    return done, calls.read_text().splitlines()
+
+
+def test_a_run_the_runtime_could_not_seal_is_made_once_more(tmp_path: Path) -> None:
+    """Seen in a CI run: the check's first buildah run died with the runtime's memfd error, the image untouched."""
+    done, calls = in_image(tmp_path, "Close_Fd sealing memfd copy: Device or resource busy")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "ran inside\n"
+    assert calls == ["--storage-driver vfs run --isolation chroot --user 1000 ctr1 -- cat /opt/glm5/BUILD-ID"] * 2
+    assert "could not seal its memfd copy (the runtime, not the image)" in done.stderr
+
+
+def test_any_other_failure_inside_the_image_is_not_run_again(tmp_path: Path) -> None:
+    done, calls = in_image(tmp_path, "cat: /opt/glm5/BUILD-ID: No such file or directory")
+    assert done.returncode == 1
+    assert len(calls) == 1
+    assert "No such file or directory" in done.stderr and "once more" not in done.stderr
