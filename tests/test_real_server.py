@@ -279,9 +279,7 @@ def test_a_replica_stopped_under_load_behind_the_real_gateway_drains_and_fails_n
     assert "real-b is out of the rotation" in log, log[-2000:]
     outcomes = Counter((status, tokens) for _, status, tokens in results)
     after = sum(1 for began, _, _ in results if began > gone)
-    figures = (
-        f"{admitted} clients, {len(results)} streams through the gateway ({after} begun after the stop), {outcomes}"
-    )
+    figures = f"{admitted} clients, {len(results)} streams through the gateway ({after} begun after the stop), {outcomes}"
     print(f"\nreal servers, one stopped under load: {figures}")
     assert after >= 1 and set(outcomes) == {(200, 200)}, figures
 

@@ -233,7 +233,10 @@ def test_a_run_the_runtime_could_not_seal_is_made_once_more(tmp_path: Path) -> N
     done, calls = in_image(tmp_path, "Close_Fd sealing memfd copy: Device or resource busy")
     assert done.returncode == 0, done.stderr
     assert done.stdout == "ran inside\n"
-    assert calls == ["--storage-driver vfs run --isolation chroot --user 1000 ctr1 -- cat /opt/glm5/BUILD-ID"] * 2
+    assert (
+        calls
+        == ["--storage-driver vfs run --isolation chroot --user 1000 ctr1 -- cat /opt/glm5/BUILD-ID"] * 2
+    )
     assert "could not seal its memfd copy (the runtime, not the image)" in done.stderr
 
 
