@@ -196,7 +196,8 @@ def stream_lines(c: RealContainer, body: dict[str, Any], lines: list[tuple[float
 
 def whole_stream(url: str, body: dict[str, Any]) -> tuple[int, int | None]:
     """One streamed chat through URL: its status and, when it ended as SGLang ends a whole answer (the usage chunk,
-    then [DONE]), its completion tokens (None: cut)."""
+    then [DONE]: 0.5.23 srt/entrypoints/openai/serving_chat.py, lines 2767 and 2805), its completion tokens (None:
+    cut)."""
     try:
         with urllib.request.urlopen(chat_request(url, body, KEY), timeout=300) as response:
             events = [line.strip() for line in response if line.strip()]
