@@ -79,10 +79,11 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 "Verification",
                 "none",
                 (("glm5_verification_accuracy", "accuracy {{instance}}"), ("glm5_verification_items_wrong", "wrong items {{instance}}"),
+                 ("glm5_verification_items_inconclusive", "inconclusive items {{instance}}"),
                  ("glm5_verification_regressed", "regressed {{instance}}")),
                 "stat",
                 6,
-                "The start's own verification set (verify/): wrong items fail the start; regressed ones were right on the last good build.",
+                "The start's own verification set (verify/): wrong items fail the start, inconclusive ones (cut or unanswered) point at transport or budget; regressed ones were right on the last good build.",
             ),
             Panel(
                 "Capacity",

@@ -60,8 +60,10 @@ NAMES = (
     "glm5_verification_passed",
     "glm5_verification_accuracy",
     "glm5_verification_items_wrong",
+    "glm5_verification_items_inconclusive",
     "glm5_verification_regressed",
     "glm5_verification_item_wrong",
+    "glm5_verification_item_inconclusive",
     "glm5_verification_seconds",
     "glm5_doctor_warnings",
     "glm5_doctor_warning",
@@ -215,6 +217,11 @@ def verification(found: Mapping[str, Any] | None) -> Iterator[Metric]:
         ),
         gauge("glm5_verification_items_wrong", "Verification items answered wrongly", len(found["wrong"])),
         gauge(
+            "glm5_verification_items_inconclusive",
+            "Verification items with no conclusion: cut at the raised bound or unanswered (transport, not the model)",
+            len(found["inconclusive"]),
+        ),
+        gauge(
             "glm5_verification_regressed",
             "Items right on the previous verified build and wrong now (0 when there is none to compare with)",
             len(found["regressed"] or []),
@@ -230,6 +237,14 @@ def verification(found: Mapping[str, Any] | None) -> Iterator[Metric]:
     for item in found["wrong"]:
         each.add_metric([item], 1.0)
     yield each
+    unsure = GaugeMetricFamily(
+        "glm5_verification_item_inconclusive",
+        "1 for each verification item with no conclusion (verified.json has what was received)",
+        labels=["item"],
+    )
+    for item in found["inconclusive"]:
+        unsure.add_metric([item], 1.0)
+    yield unsure
 
 
 # What a probe may raise on a state or log it cannot read: the scrape and /ready say so.

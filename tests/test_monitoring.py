@@ -583,3 +583,18 @@ def test_a_runbook_that_says_fix_a_setting_says_how_the_change_is_read() -> None
     told = [name for name, text in runbooks.items() if "setting" in text and "restart" in text]
     assert "GLM5StartFailed" in told
     assert [name for name in told if "docker compose up -d glm5" not in runbooks[name]] == []
+
+
+def test_inconclusive_items_are_counted_and_named_apart_from_wrong_ones() -> None:
+    """A verification with one wrong and two inconclusive items (cut twice, or unanswered after the retries): the
+    dashboard's wrong count stays the model's misses; the inconclusive ones, which point at transport or the token
+    budget, have their own count and names."""
+    found = {"passed": False, "accuracy": 0.9, "wrong": ["fact-japan"], "inconclusive": ["retrieval-32000", "tool-1"],
+             "regressed": [], "seconds": 12.0}  # fmt: skip
+    samples = {
+        (s.name, s.labels.get("item", "")): s.value for f in exporter.verification(found) for s in f.samples
+    }
+    assert samples[("glm5_verification_items_wrong", "")] == 1
+    assert samples[("glm5_verification_items_inconclusive", "")] == 2
+    assert samples[("glm5_verification_item_inconclusive", "retrieval-32000")] == 1
+    assert ("glm5_verification_item_wrong", "tool-1") not in samples
