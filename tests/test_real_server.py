@@ -1,10 +1,11 @@
 """The kit around the REAL SGLang 0.5.23 server on the CPU (tests/helpers/real_server.py): a tiny random Llama,
 started through entrypoint.sh, the real supervisord and entrypoint/launch, as the container runs it.
 
-Budget: three real starts per run, two alive at once (one xdist group, so one worker): `shared`, started by the
+Budget: four real starts per run, two alive at once (one xdist group, so one worker): `shared`, started by the
 first test that boots so its imports overlap the others', serves every read-only check and is the replica that
-stays when the other of a pair behind the real smg is stopped under load; the stop while loading and that stopped
-replica get their own. The server program's flag classification is checked without a start.
+stays when the other of a pair behind the real smg is replaced under load; the stop while loading, that stopped
+replica and its replacement (started once it is gone) get their own. The server program's flag classification is
+checked without a start.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -214,12 +216,26 @@ def whole_stream(url: str, body: dict[str, Any]) -> tuple[int, int | None]:
 
 @pytest.mark.boots
 @pytest.mark.xdist_group("real_sglang")
-def test_a_replica_stopped_under_load_behind_the_real_gateway_drains_and_fails_nothing(
+def chat_requests(c: RealContainer) -> float:
+    """The chat requests a real server has taken: SGLang's own `sglang:http_requests_total` for the route."""
+    status, text = call(c, "/metrics")
+    assert status == 200, text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "sglang:http_requests_total"
+        and sample.labels.get("endpoint") == "/v1/chat/completions"
+    )
+
+
+def test_a_replica_replaced_under_load_behind_the_real_gateway_fails_nothing(
     ready: RealContainer, tiny_llama: Path, tmp_path: Path, real_starts: list[RealContainer]
 ) -> None:
-    """Two real servers behind the real smg (gateway/launch, its rotation), clients streaming through it; one
-    replica is stopped as docker stop or a pod deletion stops it: a stream in flight on it runs to its end inside
-    its drain, it leaves the rotation, and no client's stream fails or is cut, during the drain or after it."""
+    """One step of a rolling replacement over real servers behind the real smg (gateway/launch, its rotation),
+    clients streaming through it: one replica is stopped as docker stop or a pod deletion stops it (a stream in
+    flight on it runs to its end inside its drain, it leaves the rotation), then its replacement starts at a new
+    address under the same worker id, joins, and takes streams; no client's stream fails or is cut throughout."""
     (tmp_path / "b").mkdir()
     c = real_server.start(
         tmp_path / "b", tiny_llama, stop_timeout=180, GLM5_DRAIN_SECONDS="120", GLM5_API_KEY=KEY
@@ -233,9 +249,12 @@ def test_a_replica_stopped_under_load_behind_the_real_gateway_drains_and_fails_n
     def client(i: int) -> None:
         turn = 0
         while not stop.is_set():
-            body = chat(200, stream=True) | {
-                "messages": [{"role": "user", "content": f"client {i}, turn {turn}"}]
-            }
+            # Each a new conversation, sharing no prefix with another (as different users' do): smg's cache_aware
+            # sends such a one to the replica with the least cached, so a replica that joins takes its share; one
+            # prefix would stay on the replica that has it until the loads differ by more than the spill margin
+            # (gateway/launch), which two clients never reach.
+            text = f"{uuid.uuid4().hex} client {i}, turn {turn}"
+            body = chat(200, stream=True) | {"messages": [{"role": "user", "content": text}]}
             results.append((time.monotonic(), *whole_stream(gw.url, body)))
             turn += 1
 
@@ -264,6 +283,16 @@ def test_a_replica_stopped_under_load_behind_the_real_gateway_drains_and_fails_n
         gone = time.monotonic()
         while not [r for r in results if r[0] > gone] and time.monotonic() < gone + 120:
             time.sleep(0.2)  # clients go on after the replica is gone: one stream begun then, answered
+        (tmp_path / "b2").mkdir()  # its replacement: a new pod's address, the same worker id in the file
+        fresh = real_server.start(tmp_path / "b2", tiny_llama, GLM5_API_KEY=KEY)
+        real_starts.append(fresh)
+        gw.write({"real-a": ready, "real-b": fresh})
+        fresh.wait_ready()
+        gw.wait_healthy(2, timeout=120)
+        joined = time.monotonic()
+        while chat_requests(fresh) < 2 and time.monotonic() < joined + 120:
+            time.sleep(0.5)  # the gateway routes clients' streams to it
+        taken = chat_requests(fresh)
         stop.set()
         for t in clients:
             t.join(timeout=120)
@@ -278,11 +307,15 @@ def test_a_replica_stopped_under_load_behind_the_real_gateway_drains_and_fails_n
     assert code == 0 and not c.commands()
     assert "Draining requests and shutting down" in c.output()
     assert "real-b is out of the rotation" in log, log[-2000:]
+    assert log.count("real-b joins the rotation") == 2, log[-2000:]
     outcomes = Counter((status, tokens) for _, status, tokens in results)
-    after = sum(1 for began, _, _ in results if began > gone)
-    figures = f"{admitted} clients, {len(results)} streams through the gateway ({after} begun after the stop), {outcomes}"
-    print(f"\nreal servers, one stopped under load: {figures}")
-    assert after >= 1 and set(outcomes) == {(200, 200)}, figures
+    after = sum(1 for began, _, _ in results if gone < began < joined)
+    figures = (
+        f"{admitted} clients, {len(results)} streams through the gateway ({after} begun while one replica served, "
+        f"{taken:.0f} taken by the replacement), {outcomes}"
+    )
+    print(f"\nreal servers, one replaced under load: {figures}")
+    assert after >= 1 and taken >= 2 and set(outcomes) == {(200, 200)}, figures
 
 
 @pytest.mark.boots
