@@ -11,6 +11,7 @@ checked without a start.
 from __future__ import annotations
 
 import http.client
+import inspect
 import json
 import signal
 import subprocess
@@ -38,7 +39,6 @@ from helpers.real_server import RealContainer
 from test_monitoring import base_name, used_series
 
 KEY = "real-server-key-0123456789abcdef"
-BOOTS = [pytest.mark.boots, pytest.mark.xdist_group("real_sglang")]
 # Series the kit's alerts, dashboard or KEDA query use that the real server exports only after an event: its
 # multiprocess collector writes a series once it has a sample (the double shows them at 0 from the start).
 AFTER_AN_EVENT = {"sglang:num_retracted_requests_total": "a retraction (the KV pool full while decoding)"}
@@ -214,8 +214,6 @@ def whole_stream(url: str, body: dict[str, Any]) -> tuple[int, int | None]:
     return status, json.loads(events[-2].removeprefix(b"data: "))["usage"]["completion_tokens"]
 
 
-@pytest.mark.boots
-@pytest.mark.xdist_group("real_sglang")
 def chat_requests(c: RealContainer) -> float:
     """The chat requests a real server has taken: SGLang's own `sglang:http_requests_total` for the route."""
     status, text = call(c, "/metrics")
@@ -229,6 +227,8 @@ def chat_requests(c: RealContainer) -> float:
     )
 
 
+@pytest.mark.boots
+@pytest.mark.xdist_group("real_sglang")
 def test_a_replica_replaced_under_load_behind_the_real_gateway_fails_nothing(
     ready: RealContainer, tiny_llama: Path, tmp_path: Path, real_starts: list[RealContainer]
 ) -> None:
@@ -395,3 +395,19 @@ def test_the_capacity_line_the_cpu_scheduler_prints_is_read() -> None:
         "context_len": 4096,
         "available_gpu_mem_gb": 21.51,
     }
+
+
+def test_every_test_that_starts_a_real_server_runs_in_the_one_group() -> None:
+    """The budget's two alive at once holds only while every test that starts or uses a real server is in the
+    `real_sglang` group: outside it, a worker of its own starts a second `shared` server (a session fixture is per
+    worker), seen once when a helper put between a test and its marks took them."""
+    starters = {"shared", "ready", "real_starts"}
+    found = {}
+    for name, fn in globals().items():
+        if name.startswith("test_") and starters & set(inspect.signature(fn).parameters):
+            marks = getattr(fn, "pytestmark", [])
+            found[name] = {(m.name, m.args) for m in marks} >= {
+                ("boots", ()),
+                ("xdist_group", ("real_sglang",)),
+            }
+    assert len(found) >= 6 and all(found.values()), found
