@@ -160,36 +160,14 @@ def run_bench(
 
 
 @needs_bench_venv
-def test_bench_url_end_to_end(tmp_path: Path, containers: list[Container]) -> None:
+def test_bench_url_end_to_end_with_a_local_sharegpt_file(tmp_path: Path, containers: list[Container]) -> None:
+    """The real bench_serving against a server it did not start, with its key, on `--dataset random` sampled from a
+    local ShareGPT file: no download at all (with the file given, nothing is fetched: offline; online, each Hub
+    lookup waited out its timeout, 50 s here). One run for both (each boots a server and imports bench_serving);
+    the default dataset runs end to end in the sweep below."""
     (tmp_path / "server").mkdir()
     key = "bench-key-0123456789abcdef"
     c = start(tmp_path / "server", GLM5_API_KEY=key)
-    containers.append(c)
-    c.wait_healthy()
-    done = run_bench(
-        tmp_path, "--url", f"http://127.0.0.1:{c.port}", "--label", "double", env={"GLM5_API_KEY": key}
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    text = (tmp_path / "out" / "double.json").read_text()
-    record = json.loads(text)
-    # The configuration of a server it did not start: /server_info, fetched with the key, its secrets redacted.
-    assert record["configuration"]["tp_size"] == 8 and record["configuration"]["api_key"] == "(redacted)"
-    assert key not in text
-    assert record["result"]["completed"] == 12 and record["result"]["output_throughput"] > 0
-    assert record["workload"]["concurrency"] == 4 and record["baseline_output_tok_s"] == 3028
-    # /server_info of the double, not a real server
-    assert record["versions"]["sglang"] == "sglang-server-double"
-    assert "output tok/s" in done.stdout
-
-
-@needs_bench_venv
-def test_bench_random_dataset_reads_a_local_sharegpt_file(
-    tmp_path: Path, containers: list[Container]
-) -> None:
-    """--dataset random is no longer forced offline (it samples ShareGPT): with --dataset-path it needs no
-    download at all, and the real bench_serving runs it."""
-    (tmp_path / "server").mkdir()
-    c = start(tmp_path / "server")
     containers.append(c)
     c.wait_healthy()
     sharegpt = tmp_path / "sharegpt.json"
@@ -200,15 +178,25 @@ def test_bench_random_dataset_reads_a_local_sharegpt_file(
     sharegpt.write_text(json.dumps([{"id": str(i), "conversations": turns} for i in range(40)]))
     url = f"http://127.0.0.1:{c.port}"
     done = run_bench(
-        tmp_path, "--url", url, "--dataset", "random", "--dataset-path", str(sharegpt), "--label", "baseline"
+        tmp_path,
+        *("--url", url, "--dataset", "random", "--dataset-path", str(sharegpt), "--label", "double"),
+        env={"GLM5_API_KEY": key},
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    record = json.loads((tmp_path / "out" / "baseline.json").read_text())
-    assert record["workload"]["dataset"] == "random" and record["result"]["completed"] == 12
+    text = (tmp_path / "out" / "double.json").read_text()
+    record = json.loads(text)
+    # The configuration of a server it did not start: /server_info, fetched with the key, its secrets redacted.
+    assert record["configuration"]["tp_size"] == 8 and record["configuration"]["api_key"] == "(redacted)"
+    assert key not in text
+    assert record["result"]["completed"] == 12 and record["result"]["output_throughput"] > 0
+    assert record["workload"]["concurrency"] == 4 and record["baseline_output_tok_s"] == 3028
+    assert record["workload"]["dataset"] == "random"
+    # /server_info of the double, not a real server
+    assert record["versions"]["sglang"] == "sglang-server-double"
+    assert "output tok/s" in done.stdout
     conn = readiness.Connection(url, None)
     assert "HF_HUB_OFFLINE" in bench.bench_env(conn, bench.Workload())
     assert "HF_HUB_OFFLINE" not in bench.bench_env(conn, bench.Workload(dataset="random"))
-    # With the file given, nothing is fetched: offline (online, each Hub lookup waited out its timeout: 50 s here).
     local = bench.Workload(dataset="random", dataset_path=str(sharegpt))
     assert bench.bench_env(conn, local)["HF_HUB_OFFLINE"] == "1"
 

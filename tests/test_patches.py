@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 import subprocess
@@ -16,6 +17,11 @@ pytestmark = pytest.mark.boots  # boots processes or runs real tools: not in ci/
 
 PATCHES = ROOT / "patches"
 MALFORMED = ("abc", "12", "v12.8", "12.8a", "12.8.1.4", "1 2.8")
+
+
+# The tests that read `patched` share one worker: the scenarios import FlashInfer and compile with Dynamo (about
+# 8 CPU-seconds), once per worker that asks (four of six did, one test each).
+PATCHED = pytest.mark.xdist_group("patched_flashinfer")
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +45,7 @@ def test_unpatched_flashinfer_reproduces_the_dynamo_failure(unpatched_tree: Path
     assert "marked as skipped" in probe["error"]
 
 
+@PATCHED
 def test_patched_flashinfer_compiles_fullgraph_without_spawns(patched: dict[str, Any]) -> None:
     probe = patched["compile"]
     assert probe["error"] is None
@@ -47,6 +54,7 @@ def test_patched_flashinfer_compiles_fullgraph_without_spawns(patched: dict[str,
     assert probe["value"] == 12.0  # (1*2+1) * 4: the >= 12.8 branch was taken
 
 
+@PATCHED
 def test_compiled_graph_follows_the_variable(patched: dict[str, Any]) -> None:
     follow = patched["follow"]
     assert follow["results"] == {
@@ -59,6 +67,7 @@ def test_compiled_graph_follows_the_variable(patched: dict[str, Any]) -> None:
     assert follow["spawns"] == 0
 
 
+@PATCHED
 @pytest.mark.parametrize("raw", MALFORMED)
 def test_malformed_override_is_refused_clearly(patched: dict[str, Any], raw: str) -> None:
     entry = patched["malformed"][raw]
@@ -69,6 +78,7 @@ def test_malformed_override_is_refused_clearly(patched: dict[str, Any], raw: str
     assert "ValueError" in entry["compiled_error"]
 
 
+@PATCHED
 def test_override_parsing_keeps_major_minor(patched: dict[str, Any]) -> None:
     assert patched["parse"] == {
         " 12.8 ": "12.8",
@@ -223,3 +233,13 @@ def test_verify_catches_a_file_changed_after_apply(tmp_path: Path, fake_nvcc: Pa
     )
     assert not checks["patched-module"]["ok"]
     assert "differs from what" in checks["patched-module"]["detail"]
+
+
+def test_every_test_that_reads_the_patched_scenarios_is_in_their_group() -> None:
+    """A test reading `patched` outside the group runs the scenarios again on its own worker."""
+    readers = {
+        name: {m.args for m in getattr(fn, "pytestmark", []) if m.name == "xdist_group"}
+        for name, fn in globals().items()
+        if name.startswith("test_") and "patched" in inspect.signature(fn).parameters
+    }
+    assert len(readers) == 4 and all(g == {("patched_flashinfer",)} for g in readers.values()), readers
