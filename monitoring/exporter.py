@@ -229,22 +229,18 @@ def verification(found: Mapping[str, Any] | None) -> Iterator[Metric]:
         gauge("glm5_verification_seconds", "How long the verification set took", found["seconds"]),
     )
     yield from (f for f in families if f is not None)
-    each = GaugeMetricFamily(
-        "glm5_verification_item_wrong",
-        "1 for each verification item answered wrongly (verified.json)",
-        labels=["item"],
+    per_item = (
+        ("wrong", "1 for each verification item answered wrongly (verified.json)"),
+        (
+            "inconclusive",
+            "1 for each verification item with no conclusion (verified.json has what was received)",
+        ),
     )
-    for item in found["wrong"]:
-        each.add_metric([item], 1.0)
-    yield each
-    unsure = GaugeMetricFamily(
-        "glm5_verification_item_inconclusive",
-        "1 for each verification item with no conclusion (verified.json has what was received)",
-        labels=["item"],
-    )
-    for item in found["inconclusive"]:
-        unsure.add_metric([item], 1.0)
-    yield unsure
+    for outcome, doc in per_item:
+        each = GaugeMetricFamily(f"glm5_verification_item_{outcome}", doc, labels=["item"])
+        for item in found[outcome]:
+            each.add_metric([item], 1.0)
+        yield each
 
 
 # What a probe may raise on a state or log it cannot read: the scrape and /ready say so.
