@@ -27,8 +27,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from common.report import EXIT_CODES, FAILED, FAILURE_KINDS, OK, Log, Problems
-from configuration import admission, config, settings
+from common.report import EXIT_CODES, FAILED, FAILURES, OK, Log, Problems
+from configuration import admission, config, settings, state
 from configuration.batch_sizes import effective_decode_max_bs
 from entrypoint import preflight
 from healthcheck.verdict import Phase
@@ -83,7 +83,7 @@ INTERNALS = "docs/internals.md"
 BLOCKS = {
     README: ("phases", "exit-codes", "figures"),
     REFERENCE: ("configuration", "preflight-exit-codes", "failure-codes", "verification"),
-    INTERNALS: ("kernels",),
+    INTERNALS: ("kernels", "state-records"),
 }
 DOCUMENTS = tuple(BLOCKS)
 IMAGE_COMPONENT = "k8s/components/image/kustomization.yaml"
@@ -380,8 +380,25 @@ def readme_blocks(cfg: Mapping[str, Any]) -> dict[str, Callable[[], str]]:
         return "\n".join(rows) + "\n"
 
     def failure_codes() -> str:
-        rows = ["| code | kind | what failed |", "|---|---|---|"]
-        rows += [f"| {code} | `{kind}` | {meaning} |" for code, kind, meaning in FAILURE_KINDS]
+        rows = ["| code | kind | what failed | exit code | a restart | fix |", "|---|---|---|---|---|---|"]
+        rows += [
+            f"| {f.exported} | `{f.kind}` | {f.meaning} | {f.exit_code if f.kind != 'refused' else '3, 10-42'} | "
+            f"{'restarted, counted; past GLM5_START_RETRIES the kit gives up' if f.restart else 'the kit gives up at once'}"
+            f" | {f.fix} |"
+            for f in FAILURES
+        ]
+        return "\n".join(rows) + "\n"
+
+    def state_records() -> str:
+        rows = [
+            "| record | written by | when | read by | start stamp | lifetime | what |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        rows += [
+            f"| `{r.name}` | {', '.join(f'`{w}`' for w in r.writers)} | {r.when} | {r.readers} | {r.stamp} | "
+            f"{r.lifetime} | {r.what} |"
+            for r in state.RECORDS
+        ]
         return "\n".join(rows) + "\n"
 
     def verification() -> str:
@@ -426,6 +443,7 @@ def readme_blocks(cfg: Mapping[str, Any]) -> dict[str, Callable[[], str]]:
         "exit-codes": exit_codes,
         "figures": figures,
         "failure-codes": failure_codes,
+        "state-records": state_records,
         "preflight-exit-codes": lambda: preflight_exit_codes(values(cfg)),
         "verification": verification,
     }

@@ -1,7 +1,8 @@
 """One way for every tool of the kit to report (the entrypoint, the healthcheck, the patches, the image checks and
 the ci tools): a Problem names the setting, what is wrong and the fix;
 a Log prints leveled lines on stderr (debug lines only with GLM5_DEBUG=1); EXIT_CODES is the one table
-of exit codes (the README's table is rendered from it by ci/render).
+of exit codes and FAILURES the one table of a start's failure kinds, with their exit and exported codes (the README's
+and docs/reference.md's tables are rendered from them by ci/render).
 
 Stdlib only and cheap to import: the healthcheck probe uses it.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterable
+from typing import NamedTuple
 
 # Exit codes. One meaning per number across the whole kit; each tool uses the subset listed for it.
 OK = 0
@@ -23,7 +25,61 @@ FATAL = 70
 WRONG_ANSWERS = 71
 VERIFY_INCONCLUSIVE = 72
 HUNG = 73
+DECODE_SHORT = 74
+PREFILL_SHORT = 75
+NO_DECODE_CAPTURE = 76
 NO_SERVER_PROGRAM = 127
+
+
+class Failure(NamedTuple):
+    """One kind of failed start: the one table the recorder (entrypoint/lifecycle.py), the exporter, the healthcheck
+    and the docs read. `exit_code`: the container's, once the kit gave up on the start (recorded in failed.json);
+    `exported`: glm5_start_failure_code while the kind is read from the log, before it is recorded (above 200, so
+    it is never mistaken for an exit code; a recorded failure exports its exit code). `restart`: a restart may
+    clear it, so the start is restarted and counted (hangs.json), given up past GLM5_START_RETRIES; else the kit
+    gives up at once."""
+
+    kind: str
+    exit_code: int
+    exported: int
+    restart: bool
+    meaning: str
+    fix: str
+
+
+# A crash of a start before it was verified restarts it; past GLM5_START_RETRIES the kit gives up with FATAL (70).
+FAILURES: tuple[Failure, ...] = (
+    Failure("oom", FATAL, 201, True, "out of memory, whichever line reported it", "lower GLM5_MEM_FRACTION_STATIC or GLM5_CUDA_GRAPH_MAX_BS_DECODE"),
+    Failure("traceback", FATAL, 202, True, "a traceback before the ready line", "the exception in the server log names it"),
+    Failure("capture_failed", FATAL, 203, True, "CUDA graph capture failed", "lower GLM5_CUDA_GRAPH_MAX_BS_DECODE, or see the capture error in the server log"),
+    Failure("process_exception", FATAL, 204, True, "a server process hit an exception (fatal after the ready line too)", "the exception in the server log names it"),
+    Failure("sigquit", FATAL, 205, True, "a server subprocess failed or crashed (SGLang's SIGQUIT)", "the subprocess's error in the server log names it"),
+    Failure("nccl_watchdog", FATAL, 206, True, "the NCCL watchdog caught a collective timeout", "NCCL peer-to-peer (README: Troubleshooting; entrypoint/doctor --nccl)"),
+    Failure("killed", FATAL, 207, True, "the server's processes were killed", "the kernel log (dmesg) or the container's memory limit"),
+    Failure("exited", FATAL, 208, True, "the start's server process exited", "the lines above it in the server log"),
+    Failure("hung", HUNG, 209, True, "no log output for GLM5_STALL_SECONDS while starting: a hang (the stall watchdog restarts it)", "the reason names where it hung and the known cause"),
+    Failure("decode_short", DECODE_SHORT, 210, False, "fewer decode CUDA graphs captured than expected", "GLM5_CUDA_GRAPH_MAX_BS_DECODE and max running requests in the log, or GLM5_ACCEPT_PARTIAL_CAPTURE=1"),
+    Failure("prefill_short", PREFILL_SHORT, 211, False, "fewer prefill CUDA graphs captured than expected", "--chunked-prefill-size and --cuda-graph-max-bs-prefill in the log, or GLM5_ACCEPT_PARTIAL_CAPTURE=1"),
+    Failure("no_decode_capture", NO_DECODE_CAPTURE, 212, False, "ready without a decode CUDA graph capture: decode runs without graphs", "a flag in GLM5_EXTRA_ARGS that disables CUDA graphs, or GLM5_ACCEPT_PARTIAL_CAPTURE=1"),
+    Failure("wrong_answers", WRONG_ANSWERS, 213, False, "the start's verification failed twice on wrong answers (GLM5_VERIFY=enforce; verified.json names the items)", "README: Verification; GLM5_VERIFY=report serves anyway"),
+    Failure("verify_inconclusive", VERIFY_INCONCLUSIVE, 214, False, "the start's verification was inconclusive twice: replies cut at the raised token bound, or HTTP errors and timeouts after the retries", "verified.json has each reply; the server log the errors"),
+    Failure("refused", INVALID_SETTING, INVALID_SETTING, False, "preflight refused the start: an invalid setting (3) or a problem with the box, the weights, FlashInfer or the flags (10-42, the first problem's code)", "the message names the setting and the fix"),
+)  # fmt: skip
+FAILURE = {f.kind: f for f in FAILURES}
+GIVE_UP_CODES = sorted({f.exit_code for f in FAILURES if f.kind != "refused"})
+
+
+def exit_code_row() -> tuple[str, str, str]:
+    """The entrypoint's exit codes of a start the kit gave up on, one per failure kind, made from FAILURES."""
+    parts = []
+    for code in GIVE_UP_CODES:
+        kinds = [f for f in FAILURES if f.exit_code == code]
+        names = ", ".join(f"`{f.kind}`" for f in kinds)
+        again = " more than GLM5_START_RETRIES starts in a row" if kinds[0].restart else ""
+        parts.append(f"{code} {names}{again}")
+    meaning = f"the kit gave up on the start, the code its failure kind's: {'; '.join(parts)} (docs/reference.md: Failure codes)"
+    return f"{GIVE_UP_CODES[0]}-{GIVE_UP_CODES[-1]}", meaning, "entrypoint"
+
 
 EXIT_CODES: tuple[tuple[str, str, str], ...] = (
     ("0", "success", "every tool"),
@@ -36,32 +92,9 @@ EXIT_CODES: tuple[tuple[str, str, str], ...] = (
     ("5", "the compose service already has a container that the tool did not start: nothing was touched (use --url)", "ci/smoke, ci/bench --sweep"),
     ("10-42", "preflight found a problem with the box, the weights, FlashInfer or the flags (first problem's code; 41: GLM5_SKIP_PREFLIGHT names an unknown check)", "entrypoint, launch --prepare, launch --dry-run (41)"),
     ("30-36", "the weights are missing or incomplete, or lack what a setting needs (preflight's model check)", "download, launch --prepare"),
-    ("70", "the server kept failing to start (supervisord FATAL)", "entrypoint"),
-    ("71-72", "the start's verification failed in two whole runs (GLM5_VERIFY=enforce; verified.json names the items): 71 wrong answers, 72 inconclusive (replies cut at the raised token bound, or HTTP errors and timeouts after the retries)", "entrypoint"),
-    ("73", "the start hung more than GLM5_START_RETRIES times in a row: the kit stopped restarting it (the reason names where and the fix)", "entrypoint"),
+    exit_code_row(),
     ("127", "a program the tool needs is not installed: the server program (launch --serve); python3 3.11 or newer, or its venv module (the host-side tools)", "launch --serve, ci/render, ci/bench, ci/smoke, ci/eval, ci/setup-test-env, ci/test, doctor"),
 )  # fmt: skip
-
-
-# What failed, as a number a metric can carry without a label (monitoring/exporter.py's glm5_start_failure_code):
-# a failure the entrypoint recorded (failed.json) carries its exit code above; one the healthcheck reads from the
-# log carries its code here. Above 200, so no exit code is ever mistaken for one of these.
-FAILURE_KINDS: tuple[tuple[int, str, str], ...] = (
-    (201, "oom", "out of memory, whichever line reported it (lower GLM5_MEM_FRACTION_STATIC or GLM5_CUDA_GRAPH_MAX_BS_DECODE)"),
-    (202, "traceback", "a traceback before the ready line"),
-    (203, "capture_failed", "CUDA graph capture failed"),
-    (204, "process_exception", "a server process hit an exception (fatal after the ready line too)"),
-    (205, "sigquit", "a server subprocess failed (SGLang's sigquit)"),
-    (206, "nccl_watchdog", "the NCCL watchdog caught a collective timeout"),
-    (207, "killed", "the server's processes were killed"),
-    (208, "exited", "the start's server process exited"),
-    (209, "hung", "no log output for GLM5_STALL_SECONDS while starting: a hang (the stall watchdog restarts it, GLM5_START_RETRIES times at most; then exit code 73)"),
-    (210, "decode_short", "fewer decode CUDA graphs captured than expected"),
-    (211, "prefill_short", "fewer prefill CUDA graphs captured than expected"),
-    (212, "no_decode_capture", "ready without a decode CUDA graph capture: decode runs without graphs"),
-    (213, "wrong_answers", "the start's verification failed: the server answers wrongly (GLM5_VERIFY; verified.json names the items); once verify/gate records it (enforce), the exit code 71 or 72 instead"),
-)  # fmt: skip
-FAILURE_CODE = {kind: code for code, kind, _ in FAILURE_KINDS}
 
 
 def debug_enabled() -> bool:

@@ -128,7 +128,7 @@ def owned_names(config: Mapping[str, Any]) -> dict[str, str]:
 
 def owned_aliases(owned: Mapping[str, str]) -> dict[str, str]:
     """sglang's other names of the owned flags (--tensor-parallel-size: --tp-size), each with the owned one."""
-    found = {}
+    found: dict[str, str] = {}
     for group in sglang_aliases():
         flag = next((f for f in group if f in owned), None)
         found |= {alias: flag for alias in group if flag is not None and alias not in owned}

@@ -1,32 +1,26 @@
-"""The state contract between the kit's processes: the files in the state directory (GLM5_STATE_DIR) and
-the start marker line in the server log. Only this module names them.
+"""The state contract between the kit's processes: the files in the state directory (GLM5_STATE_DIR), the start
+marker line in the server log and the per-build record on the cache volume. Only this module names them.
 
-| file / line | written by | read by | what |
-|---|---|---|---|
-| `starts` | launch --serve | launch --serve | how many starts this container has made (the number in the marker) |
-| `launch.json` | launch --serve, at each start | healthcheck, ci tools, people | the effective configuration of the current start (argv with secrets redacted, env, expected graph counts, port, log dir, health timeout), its start number, pid and time |
-| `capture.json` | entrypoint/lifecycle (its TICK_5, the one writer: the one prober that runs under supervisord all the time, every 5 s, whether anyone asks or not) | every prober (the healthcheck, the exporter, the gate, the bundle) | what the log said of a start once its capture is done or it is ready, with its drain and what ended it merged in later (the log's tail window and its rotation lose the start's own lines); written only when it changes |
-| `stopped.json` | launch --serve, when it passes a SIGTERM or SIGINT on to the server | every prober | `{"start", "signal", "at"}`: the start was told to stop (a container stop, supervisord's stop, the stall watchdog's restart); a start that reached ready reads draining from then on, even before the server logs its drain |
-| `failed.json` | launch --prepare (an invalid setting, preflight), entrypoint/lifecycle (FATAL) | healthcheck, the exporter, entrypoint.sh (its exit code), people | a failure a restart cannot fix: `{"code", "reason", "at"}`; the container stays up showing it (GLM5_ON_FAILURE=wait); removed at the next prepare |
-| `hangs.json` | entrypoint/lifecycle (its stall watchdog) | entrypoint/lifecycle, people | `{"starts": [N, ...], "last": reason}`: the starts in a row that hung; past GLM5_START_RETRIES the kit records the failure (exit code 73) instead of restarting again; removed once a start is ready. It survives a container restart where the state folder does (the pod's emptyDir; compose's tmpfs only within the container's life) |
-| `doctor.json` | launch --prepare | launch --serve (into launch.json as `doctor_warnings`) | the doctor's warnings about this box |
-| `verified.json` | verify/gate (after each start's warm-up) | healthcheck, the exporter, people | the start's verification: `{"start", "build_id", "passed", "accuracy", "reasons", "regressed", "results"}` (verify/run.py's summary); a start counts as ready only once its own is there and passed (GLM5_VERIFY) |
-| `server-config.yaml` | launch --serve | the server (`--config`) | options that must be on no command line (the API key); mode 0600, removed when the server exits; the state dir is a tmpfs in compose and the pod |
-| `supervisord.pid`, `supervisor.sock` | supervisord | supervisorctl | supervisord's own (named in supervisord.conf) |
-| marker line in server.log | launch --serve | healthcheck (logscan) | `===== glm5-serve: server start #N at ISO-TIME pid P: ... =====`: everything after the last marker is the current start |
+Each record names the start it is about (`start`); every reader ignores one of another start (`current`,
+`current_failure`). The start numbers count up for as long as the state folder lives (the pod's emptyDir; compose's
+tmpfs: the container's life). One writer per record: after preflight, a start's failure is recorded by
+entrypoint/lifecycle alone (its `record`).
 
-A record belongs to the current start only when its `start` equals the marker's number: a launch.json
-or capture.json of an earlier start is never used for the current one. Stdlib only, cheap to import.
+RECORDS below is the table of every record: its writers and readers, its start stamp and its lifetime (docs/internals.md
+renders it; tests/test_start_state.py holds the writers to the code).
+
+Stdlib only, cheap to import.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from common.report import Problem, Problems
 from configuration import settings
@@ -44,6 +38,9 @@ FAILED = "failed.json"
 DOCTOR = "doctor.json"
 VERIFIED = "verified.json"  # the verification of the latest start (verify/gate.py)
 FILES = (STARTS, LAUNCH, CAPTURE, STOPPED, HANGS, SERVER_CONFIG, FAILED, DOCTOR, VERIFIED)
+BUILD_VERIFICATION = (
+    "verification.json"  # on the cache volume, in the folder of one image build (verify/gate.py)
+)
 MARKER_TEXT = "glm5-serve: server start #"
 MARKER = re.compile(
     rb"glm5-serve: server start #(\d+) at (\S+)(?: pid \d+: decode graphs expected (\d+), prefill (\d+))?"
@@ -56,6 +53,44 @@ def marker_line(start: int, started_at: str, pid: int, decode_expected: int, pre
         f"{decode_expected}, prefill {prefill_expected} ====="
     )
 
+
+class Record(NamedTuple):
+    """A state record: who writes it (the modules that call its writers here, held by a test), who reads it."""
+
+    name: str
+    writers: tuple[str, ...]  # product modules, by path
+    when: str  # when they write it
+    readers: str
+    stamp: str  # the start it names
+    lifetime: str
+    what: str
+
+
+RECORDS: tuple[Record, ...] = (
+    Record(STARTS, ("entrypoint/launch.py",), "launch --serve, at each start", "launch --serve; every reader of a failure", "is the count", "the state folder", "how many starts this state folder has seen: the number in the marker"),
+    Record(LAUNCH, ("entrypoint/launch.py",), "launch --serve, at each start", "every prober, the gate, ci tools, people", "`start`, `pid`", "until the next start", "the current start's effective configuration: argv with secrets redacted, env, expected graph counts, port, log dir, health timeout"),
+    Record(CAPTURE, ("healthcheck/probe.py",), "entrypoint/lifecycle's tick (remember), the one writer, when it changes", "every prober", "`start`", "until the next start's is kept", "what the log said of a start once its capture is done or it is ready, its drain and what ended it merged in later (the log's tail window and its rotation lose the start's own lines)"),
+    Record(STOPPED, ("entrypoint/launch.py",), "launch --serve, passing a SIGTERM or SIGINT on to the server", "every prober", "`start`", "until overwritten", "the start was told to stop; a start that reached ready reads draining from then on"),
+    Record(FAILED, ("entrypoint/launch.py", "entrypoint/lifecycle.py"), "launch --prepare: preflight's refusal, before the first start; from the start on entrypoint/lifecycle alone (`record`: a judged verdict, a crash past the retries, FATAL)", "every prober, launch --failed-code (entrypoint.sh's exit code), entrypoint/lifecycle, people", "`start` (a refusal: the start it refused, the next number), `kind`, `code`", "removed at the next prepare; one of an earlier start is ignored", "a start the kit gave up on: the container stays up showing it (GLM5_ON_FAILURE=wait) and exits with `code` when stopped"),
+    Record(HANGS, ("entrypoint/lifecycle.py",), "entrypoint/lifecycle, when a start hangs or ends before it was verified", "entrypoint/lifecycle, people", "`starts`, a list: it spans starts by design", "removed once a start is ready (verified)", "the starts in a row that ended before they were verified, hung or crashed; past GLM5_START_RETRIES the kit gives up with the last one's kind"),
+    Record(DOCTOR, ("entrypoint/launch.py",), "launch --prepare", "launch --serve (into launch.json)", "none: the box, checked once per container before its first start", "the container", "the doctor's warnings about this box"),
+    Record(VERIFIED, ("verify/gate.py",), "verify/gate, after a start's warm-up; nothing for a start that ended meanwhile", "every prober, the gate, people", "`start`, `build_id`", "until the next start's", "the start's verification: `passed`, `verdict`, `accuracy`, `reasons`, `regressed`, `results` (verify/run.py's summary)"),
+    Record(SERVER_CONFIG, ("entrypoint/launch.py",), "launch --serve", "the server (`--config`)", "none: it lives only while its start's server runs", "removed when the server exits", "options that must be on no command line (the API key); mode 0600, on a tmpfs in compose and the pod"),
+    Record(BUILD_VERIFICATION, ("verify/gate.py",), "verify/gate, with verified.json", "verify/gate, at a later build's start", "`start`, `build_id`", "the cache volume, one per image build", "the build's newest verification, to name what a later build answers wrongly (`regressed`)"),
+)  # fmt: skip
+# The functions here that write each record: tests/test_start_state.py finds their callers in the product code.
+WRITERS: dict[str, tuple[str, ...]] = {
+    STARTS: ("next_start",),
+    LAUNCH: ("write_launch",),
+    CAPTURE: ("write_capture",),
+    STOPPED: ("write_stopped",),
+    FAILED: ("write_failed", "clear_failed"),
+    HANGS: ("count_unverified_end", "clear_hangs"),
+    DOCTOR: ("write_doctor",),
+    VERIFIED: ("write_verified",),
+    SERVER_CONFIG: ("write_server_config", "remove_server_config"),
+    BUILD_VERIFICATION: ("write_whole",),
+}
 
 SOCKET = "supervisor.sock"  # supervisord's, in the state folder (supervisord.conf)
 SOCKET_PATH_MAX = 107  # a Unix socket's path (sun_path is 108 bytes with its terminating NUL)
@@ -175,8 +210,6 @@ def write_whole(file: Path, text: str) -> None:
 
 def write_stopped(state_dir: str | Path, start: int, signal_name: str) -> None:
     """Record that start `start` was told to stop (called from a signal handler: small, and whole or not at all)."""
-    import datetime
-
     at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     record = {"start": start, "signal": signal_name, "at": at}
     write_whole(path(state_dir, STOPPED), json.dumps(record) + "\n")
@@ -186,13 +219,14 @@ def read_stopped(state_dir: str | Path) -> dict[str, Any] | None:
     return read_json(path(state_dir, STOPPED))
 
 
-def count_hang(state_dir: str | Path, start: int | None, reason: str) -> int:
-    """Count start `start` as hung (once), return how many starts in a row have hung."""
+def count_unverified_end(state_dir: str | Path, start: int | None, kind: str, reason: str) -> int:
+    """Count start `start` as one that ended before it was verified (once), hung or crashed; return how many starts
+    in a row have."""
     record = read_json(path(state_dir, HANGS)) or {}
     starts = [n for n in record.get("starts", []) if isinstance(n, int)]
     if start not in starts:
         starts.append(start if start is not None else -1)
-    write_whole(path(state_dir, HANGS), json.dumps({"starts": starts, "last": reason}) + "\n")
+    write_whole(path(state_dir, HANGS), json.dumps({"starts": starts, "kind": kind, "last": reason}) + "\n")
     return len(starts)
 
 
@@ -208,11 +242,12 @@ def write_verified(state_dir: str | Path, record: dict[str, Any]) -> None:
     write_whole(path(state_dir, VERIFIED), json.dumps(record) + "\n")
 
 
-def write_failed(state_dir: str | Path, code: int, reason: str) -> None:
-    import datetime
-
+def write_failed(state_dir: str | Path, start: int, kind: str, code: int, reason: str) -> None:
+    """Record that the kit gave up on start `start` (whole or not at all). Callers: launch --prepare for preflight's
+    refusal, then entrypoint/lifecycle's `record` alone (tests/test_start_state.py holds that)."""
     at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    path(state_dir, FAILED).write_text(json.dumps({"code": code, "reason": reason, "at": at}) + "\n")
+    record = {"start": start, "kind": kind, "code": code, "reason": reason, "at": at}
+    write_whole(path(state_dir, FAILED), json.dumps(record) + "\n")
 
 
 def read_failed(state_dir: str | Path) -> dict[str, Any] | None:
@@ -221,6 +256,45 @@ def read_failed(state_dir: str | Path) -> dict[str, Any] | None:
 
 def clear_failed(state_dir: str | Path) -> None:
     path(state_dir, FAILED).unlink(missing_ok=True)
+
+
+def starts_made(state_dir: str | Path) -> int:
+    """How many starts this state folder has seen (0: none yet)."""
+    try:
+        return int(path(state_dir, STARTS).read_text().strip() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def current_failure(failed: dict[str, Any] | None, starts: int) -> dict[str, Any] | None:
+    """The failure record if it is about the latest start (`starts`) or about the next one, which preflight refused
+    before it began; None for a record of an earlier start, or one without a start (an older kit's)."""
+    if failed is None or not isinstance(failed.get("start"), int):
+        return None
+    return failed if failed["start"] >= starts else None
+
+
+class Snapshot(NamedTuple):
+    """The state folder as one judgement reads it, each file once: the current start's records only."""
+
+    starts: int
+    launch: dict[str, Any] | None
+    capture: dict[str, Any] | None
+    stopped: dict[str, Any] | None  # any start's: the judgement matches it to the log's start
+    verified: dict[str, Any] | None  # any start's: the judgement matches it to the log's start
+    failed: dict[str, Any] | None  # the latest start's or the refused next one's (current_failure)
+
+
+def snapshot(state_dir: str | Path) -> Snapshot:
+    starts = starts_made(state_dir)
+    return Snapshot(
+        starts=starts,
+        launch=read_launch(state_dir),
+        capture=read_capture(state_dir),
+        stopped=read_stopped(state_dir),
+        verified=read_verified(state_dir),
+        failed=current_failure(read_failed(state_dir), starts),
+    )
 
 
 def write_doctor(state_dir: str | Path, warnings: list[dict[str, str]]) -> None:

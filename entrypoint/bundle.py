@@ -101,7 +101,7 @@ def log_tail(log_dir: str) -> str:
 
 
 def healthcheck_state(environ: Mapping[str, str]) -> str:
-    return json.dumps(probe.verdict(probe.settings(environ)).as_json(), indent=2) + "\n"
+    return json.dumps(probe.verdict(probe.run_of(environ)).as_json(), indent=2) + "\n"
 
 
 def doctor_findings(values: Mapping[str, Any], box: doctor.Box) -> str:
@@ -126,10 +126,11 @@ def members(environ: Mapping[str, str], box: doctor.Box) -> dict[str, str]:
         "nvidia-smi-q.txt": lambda: box.smi("-q"),
         "nvidia-smi-topo.txt": lambda: box.smi("topo", "-m"),
     }
-    readers |= {
-        f"state/{name}": (lambda name=name: state.path(values["state_dir"], name).read_text())
-        for name in KEPT_STATE
-    }
+
+    def state_file(name: str) -> Callable[[], str]:
+        return lambda: state.path(values["state_dir"], name).read_text()
+
+    readers |= {f"state/{name}": state_file(name) for name in KEPT_STATE}
     for member, read in readers.items():
         try:
             text = read()

@@ -108,11 +108,15 @@ def prepare_start() -> int:
         except Problems as err:
             problems = err.problems
     if effective is None:
-        state.write_failed(
-            values["state_dir"], problems[0].code, "invalid setting(s): " + "; ".join(map(str, problems))
-        )
+        refuse(values["state_dir"], problems[0].code, "invalid setting(s): " + "; ".join(map(str, problems)))
         return LOG.problems(problems)
     return prepare(effective)
+
+
+def refuse(state_dir: str, code: int, reason: str) -> None:
+    """Preflight's refusal, the one failure recorded before the server starts (entrypoint/lifecycle records every later
+    one): about the start it refused, the next number."""
+    state.write_failed(state_dir, state.starts_made(state_dir) + 1, "refused", code, reason)
 
 
 def prepare(effective: config.Effective) -> int:
@@ -124,9 +128,7 @@ def prepare(effective: config.Effective) -> int:
     state.write_doctor(values["state_dir"], warnings)
     checks = settings.declarations()["GLM5_SKIP_PREFLIGHT"].choices
     if problems:
-        state.write_failed(
-            values["state_dir"], problems[0].code, "preflight: " + "; ".join(str(p) for p in problems)
-        )
+        refuse(values["state_dir"], problems[0].code, "preflight: " + "; ".join(str(p) for p in problems))
         return LOG.problems(
             problems,
             f"preflight problem(s); fix them, or skip a check with GLM5_SKIP_PREFLIGHT=<{','.join(checks)}|all> (logged)",
@@ -302,8 +304,10 @@ def supervised_or_exit(create: bool) -> dict[str, Any]:
 
 
 def failed_code() -> int:
-    """Print the exit code of the failure recorded in failed.json, 0 when none: the container's exit code."""
-    failed = state.read_failed(supervised_or_exit(create=False)["state_dir"]) or {}
+    """Print the exit code of the failure recorded for the latest start (or the refused next one), 0 when none: the
+    container's exit code."""
+    state_dir = supervised_or_exit(create=False)["state_dir"]
+    failed = state.current_failure(state.read_failed(state_dir), state.starts_made(state_dir)) or {}
     code = failed.get("code", 0)
     print(code if isinstance(code, int) and 0 <= code < 256 else FAILED)
     return 0

@@ -1,28 +1,37 @@
-"""supervisord event listener, the one place that decides what follows what under the one supervisor:
-preflight passed, so start the server (over supervisord's XML-RPC); preflight failed, or the server went FATAL
-(its starts kept failing), so record why (failed.json; configuration/state.py) and stay up showing it, supervisord
-and the exporter running (GLM5_ON_FAILURE=wait), or shut supervisord down (exit), after which entrypoint.sh exits
-with the recorded code. And the stall watchdog: on each TICK_5, while the server program runs, the healthcheck's
-own decision (healthcheck/probe.py, from the log alone); a start with no log output for GLM5_STALL_SECONDS is hung,
-and the server program is restarted, however long a start that keeps making progress takes. Docker never restarts an
-unhealthy container (restart policies act on an exit), so on compose this is what clears a hang; on Kubernetes it
-acts first and liveness, which fails on the same hang, is the backstop (README: Restarts). On each TICK_5 it is
-also the one writer of capture.json: what the log said of the current start, kept before the log's tail window
-or its rotation loses it (healthcheck/probe.py remember; every other prober only reads it). Speaks the listener
-protocol on stdout (supervisor.childutils); logs go to stderr."""
+"""supervisord event listener, the one place that decides what follows what under the one supervisor, and from the
+start on the one recorder of a start's failure (failed.json, configuration/state.py; preflight records only its own
+refusal, before the first start):
+- preflight passed, so start the server (over supervisord's XML-RPC); preflight died without recording why, so record
+  it.
+- The server ended by itself (supervisord's EXITED, or BACKOFF for an exit within GLM5_START_SECONDS): a start that
+  was verified (ready) is restarted; one that ended before it was verified (a crash while loading, capturing or
+  answering the verification set) is counted across starts (hangs.json, whatever its age) and restarted,
+  GLM5_START_RETRIES times in a row at most; then the kit gives up with the crash's kind (exit code 70). supervisord
+  never restarts the server itself (autorestart=false), so no start can begin behind this decision.
+- Each TICK_5, the healthcheck's own verdict on the current start (healthcheck/probe.py, from the log and the state
+  folder, the tail read once): a start judged failed for a reason a restart cannot clear (a short capture, wrong or
+  inconclusive answers: common/report.py FAILURES, `restart` False) is recorded with its kind and exit code; a start
+  with no log output for GLM5_STALL_SECONDS is hung and restarted, counted like a crash (exit code 73 past the
+  retries). It is also the one writer of capture.json (healthcheck/probe.py remember).
+After giving up it stays up showing why, supervisord and the exporter running (GLM5_ON_FAILURE=wait), or shuts
+supervisord down (exit); entrypoint.sh then exits with the recorded code. Docker never restarts an unhealthy container
+(restart policies act on an exit), so on compose this is what clears a hang; on Kubernetes it acts first and
+liveness, which fails on the same hang, is the backstop (README: Restarts). Speaks the listener protocol on stdout
+(supervisor.childutils); logs go to stderr."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import xmlrpc.client
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
 from supervisor import childutils
 
-from common.report import FAILED, FATAL, HUNG, Log, Problems
+from common.report import FAILED, FAILURE, Log, Problems
 from configuration import state
 from healthcheck import logscan, phase, probe
 from healthcheck.verdict import Phase, Verdict
@@ -40,81 +49,21 @@ class Supervisor(Protocol):
     def shutdown(self) -> bool: ...
 
 
-def last_failure(log_dir: str) -> str:
-    """Why the last start failed, as the healthcheck reads it from the server log."""
-    try:
-        scan = logscan.scan(logscan.read_tail(Path(log_dir) / state.SERVER_LOG))
-    except OSError:
-        return "no server log"
-    return phase.explain_failure(scan) if scan.failure else "it exited without a failure line in the log"
+def record(state_dir: str | Path, start: int, kind: str, reason: str, code: int | None = None) -> int:
+    """The kit gives up on start `start`: failed.json with the kind's exit code (common/report.py FAILURES; a
+    refusal carries preflight's own), the one write of a failure after preflight. Returns the code."""
+    code = FAILURE[kind].exit_code if code is None else code
+    state.write_failed(state_dir, start, kind, code, reason)
+    LOG.error(f"start #{start} failed ({kind}, exit code {code}): {reason}")
+    return code
 
 
-def on_event(name: str, event: dict[str, str], values: dict[str, Any], rpc: Supervisor) -> None:
-    process = event.get("processname")
-    if name == "PROCESS_STATE_EXITED" and process == PREFLIGHT:
-        if event.get("expected") == "1":
-            rpc.startProcess(SERVER, False)
-            return
-        code = int(rpc.getProcessInfo(PREFLIGHT).get("exitstatus") or FAILED)
-        recorded = state.read_failed(values["state_dir"])
-        if (
-            recorded is None
-        ):  # it died before it could say why (a traceback, a kill): its code, and where to look
-            state.write_failed(
-                values["state_dir"], code, f"preflight exited {code}; its lines are above in the log"
-            )
-        give_up(code, values, rpc)
-    elif name == "PROCESS_STATE_FATAL" and process == SERVER:
-        reason = f"{SERVER} went FATAL: it exited during start more than GLM5_START_RETRIES times"
-        state.write_failed(
-            values["state_dir"], FATAL, f"{reason}; the last start: {last_failure(values['log_dir'])}"
-        )
-        LOG.error(f"{reason} (see server.log)")
-        give_up(FATAL, values, rpc)
+def given_up(state_dir: str | Path) -> bool:
+    """A failure is recorded for the latest start (or for the next, refused): nothing is started or restarted."""
+    return state.current_failure(state.read_failed(state_dir), state.starts_made(state_dir)) is not None
 
 
-RESTARTED, STOPPED = "restarted", "stopped"  # what watch did
-
-
-def watch(rpc: Supervisor, judge: Callable[[], Verdict | None], state_dir: str, retries: int) -> str | None:
-    """Restart a running server whose start is hung (RESTARTED), `retries` times in a row at most (hangs.json); then
-    record the failure with where it hung and the fix (exit code 73) and stop the server (STOPPED); None: nothing to
-    do. A start that reaches ready clears the count."""
-    if rpc.getProcessInfo(SERVER).get("statename") not in ("STARTING", "RUNNING"):
-        return None
-    found = judge()
-    if found is not None and found.phase is Phase.READY and state.path(state_dir, state.HANGS).exists():
-        state.clear_hangs(state_dir)
-    if found is None or not found.hung:
-        return None
-    hangs = state.count_hang(state_dir, found.start, str(found.reason))
-    if hangs > retries:
-        reason = (
-            f"{hangs} starts in a row hung (GLM5_START_RETRIES={retries}), so the kit no longer restarts it; "
-            f"the last: {found.reason}"
-        )
-        LOG.error(reason)
-        state.write_failed(state_dir, HUNG, reason)
-        rpc.stopProcess(SERVER, True)
-        return STOPPED
-    LOG.error(
-        f"{found.reason}: restarting the server ({hangs} of {retries + 1} starts in a row hung; GLM5_STALL_SECONDS)"
-    )
-    rpc.stopProcess(SERVER, True)
-    rpc.startProcess(SERVER, False)
-    return RESTARTED
-
-
-def keep(state_dir: str) -> None:
-    """Remember the current start's facts (capture.json); a state or log this tick cannot read is logged, and the
-    next tick tries again."""
-    try:
-        probe.remember(state_dir)
-    except (OSError, ValueError, KeyError, TypeError, Problems) as err:
-        LOG.warning(f"could not keep the start's facts in {state.CAPTURE}: {err}")
-
-
-def give_up(code: int, values: dict[str, Any], rpc: Supervisor) -> None:
+def give_up(code: int, values: Mapping[str, Any], rpc: Supervisor) -> None:
     if values["on_failure"] == "exit":
         LOG.error(f"failed (exit code {code}): stopping the container (GLM5_ON_FAILURE=exit)")
         rpc.shutdown()
@@ -126,30 +75,172 @@ def give_up(code: int, values: dict[str, Any], rpc: Supervisor) -> None:
     )
 
 
+def tail(log_dir: str | Path) -> bytes:
+    try:
+        return logscan.read_tail(Path(log_dir) / state.SERVER_LOG)
+    except FileNotFoundError:
+        return b""
+
+
+def was_verified(scan: logscan.Scan, verified: Mapping[str, Any] | None, verify: str) -> bool:
+    """The start reached ready by the healthcheck's rule (GLM5_VERIFY): its ready line, and under enforce or report
+    its own verification done (passed, under enforce)."""
+    if "ready" not in scan.seen:
+        return False
+    if verify == "off":
+        return True
+    mine = verified is not None and verified.get("start") == scan.start
+    return mine and (verify == "report" or bool(verified and verified.get("passed")))
+
+
+def ended(values: Mapping[str, Any], rpc: Supervisor, restart: bool) -> str:
+    """The server of the latest start ended by itself (supervisord restarts nothing: `restart` says whether to start
+    it again here; False for BACKOFF, which supervisord retries itself). What followed: RESTARTED, STOPPED (given up)
+    or "" (nothing to do)."""
+    state_dir = values["state_dir"]
+    if given_up(state_dir):
+        return ""
+    scan = logscan.scan(tail(values["log_dir"]))
+    start = scan.start or (state.read_launch(state_dir) or {}).get("start") or state.starts_made(state_dir)
+    if not was_verified(scan, state.read_verified(state_dir), values["verify"]):
+        kind, why = phase.crash(scan)
+        retries = int(values["start_retries"])
+        count = state.count_unverified_end(state_dir, start, kind, why)
+        if count > retries:
+            reason = (
+                f"{count} starts in a row ended before they were verified (GLM5_START_RETRIES={retries}), so the kit "
+                f"no longer restarts the server; the last: {why}"
+            )
+            code = record(state_dir, start, kind, reason)
+            with contextlib.suppress(
+                xmlrpc.client.Fault
+            ):  # supervisord may have given up on it already (FATAL)
+                rpc.stopProcess(SERVER, False)
+            give_up(code, values, rpc)
+            return STOPPED
+        LOG.error(f"start #{start} ended before it was verified ({why}); {count} of {retries + 1} in a row")
+    if restart:
+        rpc.startProcess(SERVER, False)
+    return RESTARTED
+
+
+def on_event(name: str, event: Mapping[str, str], values: Mapping[str, Any], rpc: Supervisor) -> None:
+    process = event.get("processname")
+    state_dir = values["state_dir"]
+    if name == "PROCESS_STATE_EXITED" and process == PREFLIGHT:
+        if event.get("expected") == "1":
+            rpc.startProcess(SERVER, False)
+            return
+        code = int(rpc.getProcessInfo(PREFLIGHT).get("exitstatus") or FAILED)
+        if not given_up(
+            state_dir
+        ):  # it died before it could say why (a traceback, a kill): its code, where to look
+            refused = state.starts_made(state_dir) + 1
+            record(
+                state_dir,
+                refused,
+                "refused",
+                f"preflight exited {code}; its lines are above in the log",
+                code,
+            )
+        give_up(code, values, rpc)
+    elif process == SERVER and name in ("PROCESS_STATE_EXITED", "PROCESS_STATE_BACKOFF"):
+        ended(values, rpc, restart=name == "PROCESS_STATE_EXITED")
+    elif name == "PROCESS_STATE_FATAL" and process == SERVER and not given_up(state_dir):
+        # supervisord's own count of exits within GLM5_START_SECONDS ran out before this listener's: the same end.
+        scan = logscan.scan(tail(values["log_dir"]))
+        kind, why = phase.crash(scan)
+        reason = (
+            f"{SERVER} went FATAL: it exited during start more than GLM5_START_RETRIES times; the last: {why}"
+        )
+        give_up(record(state_dir, scan.start or state.starts_made(state_dir), kind, reason), values, rpc)
+
+
+RESTARTED, STOPPED = "restarted", "stopped"  # what watch and ended did
+
+
+def watch(rpc: Supervisor, judge: Callable[[], Verdict | None], state_dir: str, retries: int) -> str | None:
+    """Act on the running server's verdict: a hung start is restarted (RESTARTED), counted with the starts that ended
+    before they were verified (hangs.json), `retries` times in a row at most, then recorded with where it hung and
+    the fix (exit code 73) and stopped (STOPPED); a start failed for a reason a restart cannot clear is recorded
+    (STOPPED: the caller gives up; the server keeps running, out of service, for a look); None: nothing to do. A
+    start that reaches ready clears the count."""
+    if given_up(state_dir) or rpc.getProcessInfo(SERVER).get("statename") not in ("STARTING", "RUNNING"):
+        return None
+    found = judge()
+    if found is None:
+        return None
+    if found.phase is Phase.READY and state.path(state_dir, state.HANGS).exists():
+        state.clear_hangs(state_dir)
+    if found.phase is Phase.FAILED and not found.hung and found.failure_kind in FAILURE:
+        if FAILURE[found.failure_kind].restart or found.start is None:
+            return None  # a crash: its server ends, and `ended` decides (no marker: not a start of this kit)
+        record(state_dir, found.start, found.failure_kind, str(found.reason))
+        return STOPPED
+    if not found.hung:
+        return None
+    hangs = state.count_unverified_end(state_dir, found.start, "hung", str(found.reason))
+    if hangs > retries:
+        reason = (
+            f"{hangs} starts in a row ended before they were verified (GLM5_START_RETRIES={retries}), the last hung, "
+            f"so the kit no longer restarts it; the last: {found.reason}"
+        )
+        record(
+            state_dir,
+            found.start if found.start is not None else state.starts_made(state_dir),
+            "hung",
+            reason,
+        )
+        rpc.stopProcess(SERVER, True)
+        return STOPPED
+    LOG.error(
+        f"{found.reason}: restarting the server ({hangs} of {retries + 1} starts in a row ended before they were "
+        "verified; GLM5_STALL_SECONDS)"
+    )
+    rpc.stopProcess(SERVER, True)
+    rpc.startProcess(SERVER, False)
+    return RESTARTED
+
+
+def keep(state_dir: str, data: bytes) -> None:
+    """Remember the current start's facts (capture.json); a state this tick cannot read is logged, and the next tick
+    tries again."""
+    try:
+        probe.remember(state_dir, data)
+    except (OSError, ValueError, KeyError, TypeError, Problems) as err:
+        LOG.warning(f"could not keep the start's facts in {state.CAPTURE}: {err}")
+
+
+def tick(values: Mapping[str, Any], rpc: Supervisor) -> None:
+    """TICK_5: keep the start's facts, then act on its verdict (watch), the log's tail read once for both."""
+    data = tail(values["log_dir"])
+    keep(values["state_dir"], data)
+
+    def judge() -> Verdict | None:
+        """The healthcheck's verdict with the current start's settings (nothing to judge when not even glm5.toml's
+        folders can be used: then no server runs)."""
+        try:
+            return probe.verdict(probe.run_of(os.environ), data)
+        except Problems:
+            return None
+
+    if watch(rpc, judge, values["state_dir"], int(values["start_retries"])) == STOPPED:
+        failed = state.read_failed(values["state_dir"]) or {}
+        give_up(int(failed.get("code", FAILED)), values, rpc)
+
+
 def main() -> int:
     try:
         values, _problems = state.supervised(os.environ)  # what preflight recorded failed.json under
     except Problems as err:
         return LOG.problems(err.problems)
     rpc = childutils.getRPCInterface(os.environ).supervisor
-
-    def judge() -> Verdict | None:
-        """The healthcheck's verdict from the log, with the current start's settings (nothing to judge when not
-        even glm5.toml's folders can be used: then no server runs)."""
-        try:
-            return probe.verdict(probe.settings(os.environ))
-        except Problems:
-            return None
-
     while True:
         headers, payload = childutils.listener.wait(sys.stdin, sys.stdout)
         event, _data = childutils.eventdata(payload + "\n")
         try:
             if headers["eventname"].startswith("TICK_"):
-                keep(values["state_dir"])
-                # asks the judge only while the server runs: never under invalid settings
-                if watch(rpc, judge, values["state_dir"], int(values["start_retries"])) == STOPPED:
-                    give_up(HUNG, values, rpc)
+                tick(values, rpc)
             else:
                 on_event(headers["eventname"], event, values, rpc)
         except (xmlrpc.client.Fault, OSError) as err:  # supervisord shutting down: nothing is left to start

@@ -24,7 +24,7 @@ def state_the_box() -> list[str]:
 
     if torch.cuda.is_available():
         return []
-    torch.cuda.get_device_capability = lambda device=None: (12, 0)  # type: ignore[assignment]
+    torch.cuda.get_device_capability = lambda device=None: (12, 0)
     from sglang.srt.runtime_context import override_platform
 
     override_platform(

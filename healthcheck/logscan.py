@@ -58,7 +58,13 @@ EVENTS: dict[str, re.Pattern[bytes]] = {
     "draining": re.compile(rb"SIGTERM received\. [^\r\n]*Draining requests and shutting down"),
     "traceback": re.compile(rb"Traceback \(most recent call last\)"),
     "oom": re.compile(rb"(?:OutOfMemoryError|CUDA out of memory)[^\r\n]*"),
-    "sigquit": re.compile(rb"Received sigquit from a child process"),
+    # A subprocess that died: while launching (entrypoints/engine.py:1978), and while running, 0.5.23's watchdog line
+    # (utils/watchdog.py:216-221) and its SIGQUIT handler's (managers/tokenizer_manager.py:4072-4074), seconds to a
+    # minute before kill_process_tree (a core dump first: SGLANG_CUDA_COREDUMP_BEFORE_CRASH_WAIT_SECS).
+    "sigquit": re.compile(
+        rb"Received sigquit from a child process|Subprocess \S+ \(pid=\d+\) crashed with exit code -?\d+"
+        rb"|SIGQUIT received\. [^\r\n]*It usually means one child failed"
+    ),
     "capture_failed": re.compile(rb"Capture cuda graph failed[^\r\n]*"),
     # A server process that died or hung: fatal after the ready line too (a request's traceback is not).
     "process_exception": re.compile(
@@ -86,6 +92,8 @@ KEYWORDS = (
     b"OutOfMemoryError",
     b"out of memory",
     b"sigquit",
+    b"SIGQUIT received",
+    b"crashed with exit code",
     b"hit an exception",
     b"atchdog",
     b"kill_process_tree",
@@ -235,4 +243,4 @@ def failure_reason(name: str, m: re.Match[bytes], data: bytes, end: int) -> str:
         return "NCCL watchdog: " + m.group(0).decode(errors="replace")[:200]
     if name == "killed":
         return "the server's processes were killed (" + m.group(0).decode(errors="replace")[:120] + ")"
-    return "a server subprocess failed (Received sigquit from a child process)"
+    return "a server subprocess failed (" + m.group(0).decode(errors="replace")[:160] + ")"

@@ -12,9 +12,10 @@ Phases: healthcheck/verdict.py's Phase. Exit 0 when ready (verified) and /health
 unless the start is hung or a ready server's /health fails; with --started: once ready or failed), 1 otherwise,
 2 bad usage, 3 an invalid GLM5_* setting.
 
-This module is the I/O edge: `observe` reads the log tail, the state files, /proc and /health and writes nothing;
-healthcheck/phase.py `judge` decides (pure); `verdict(settings(environ))` is the one call of the exporter, the
-stall watchdog, the gate and the support bundle. `remember` is the one writer of capture.json (the watchdog's tick).
+This module is the I/O edge: `observe` reads the log tail, the state folder (once: state.snapshot), /proc and
+/health, turns the JSON records into typed values and writes nothing; healthcheck/phase.py `judge` decides (pure);
+`verdict(run_of(environ))` is the one call of the exporter, the lifecycle listener, the gate and the support bundle.
+`remember` is the one writer of capture.json (the lifecycle tick, with the tail it judged).
 It runs on every probe, so it imports little: no glm5.toml while the current start's launch.json exists.
 """
 
@@ -28,33 +29,42 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from common.report import INVALID_SETTING, Log, Problems
 from configuration import state
 from healthcheck import logscan, phase
-from healthcheck.verdict import Counts, Observation, Phase, Verdict
+from healthcheck.verdict import Counts, Observation, Phase, Recorded, Run, Stop, Verdict, Verification
+
+RUN_KEYS = ("log_dir", "port", "health_timeout_seconds", "accept_partial_capture", "stall_seconds", "verify")
 
 
-def settings_of_this_run(environ: dict[str, str] | os._Environ[str]) -> dict[str, Any]:
-    """state_dir, log_dir, port, health timeout and accept_partial_capture: from the current start's
-    launch.json (validated by launch at start), else from glm5.toml and the environment."""
+def run_of(environ: Mapping[str, str]) -> Run:
+    """The run's settings: the current start's launch.json (validated by launch at start), else glm5.toml and the
+    environment (before the first start, or offline), an invalid setting at its default as supervisord runs it, so
+    that a failure recorded under an invalid setting is found where it was written."""
     state_dir = environ.get("GLM5_STATE_DIR", "").strip()
     launch = state.read_launch(state_dir) if state_dir.startswith("/") else None
-    keys = ("log_dir", "port", "health_timeout_seconds", "accept_partial_capture", "stall_seconds", "verify")
-    later = {"on_failure": "wait", "autotune_stall_seconds": None}  # what a launch.json of an older kit lacks
-    if launch is not None and all(k in launch for k in keys):
-        return (
-            {"state_dir": state_dir}
-            | {k: launch.get(k, v) for k, v in later.items()}
-            | {k: launch[k] for k in keys}
-        )
-    # Before the first start (or offline): glm5.toml and the environment, an invalid setting at its default as
-    # supervisord runs it, so that a failure recorded under an invalid setting is found where it was written.
-    values, problems = state.supervised(environ, create=False)
-    for problem in problems:  # named, not fatal: preflight records it as the start's failure (failed.json)
-        Log("healthcheck").warning(f"{problem}; judged with glm5.toml's value meanwhile")
-    return {k: values[k] for k in ("state_dir", "on_failure", "autotune_stall_seconds", *keys)}
+    if launch is not None and all(k in launch for k in RUN_KEYS):
+        values: Mapping[str, Any] = launch | {"state_dir": state_dir}
+    else:
+        values, problems = state.supervised(environ, create=False)
+        for (
+            problem
+        ) in problems:  # named, not fatal: preflight records it as the start's failure (failed.json)
+            Log("healthcheck").warning(f"{problem}; judged with glm5.toml's value meanwhile")
+    autotune = values.get("autotune_stall_seconds")  # what a launch.json of an older kit lacks
+    return Run(
+        state_dir=Path(values["state_dir"]),
+        log_path=Path(values["log_dir"]) / state.SERVER_LOG,
+        port=int(values["port"]),
+        timeout=float(values["health_timeout_seconds"]),
+        stall_seconds=float(values["stall_seconds"]),
+        autotune_stall_seconds=None if autotune is None else float(autotune),
+        accept_partial=bool(values["accept_partial_capture"]),
+        verify=str(values["verify"]),
+        on_failure=str(values.get("on_failure", "wait")),
+    )
 
 
 def configured_counts(environ: dict[str, str] | os._Environ[str]) -> tuple[int | None, int | None]:
@@ -99,19 +109,14 @@ def seconds_since(started_at: str | None, now: datetime.datetime) -> int | None:
         return None
 
 
-def parse_args(argv: list[str] | None, run: dict[str, Any]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="healthcheck", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--log", type=Path, help=f"server log (default {run['log_dir']}/server.log)")
+def parse_args(argv: list[str] | None, run: Run) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="healthcheck", description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--log", type=Path, help=f"server log (default {run.log_path})")
     parser.add_argument(
-        "--state",
-        type=Path,
-        default=state.path(run["state_dir"], state.LAUNCH),
-        help="launch.json of the run",
+        "--state", type=Path, default=state.path(run.state_dir, state.LAUNCH), help="launch.json of the run"
     )
-    parser.add_argument("--url", default=f"http://127.0.0.1:{run['port']}", help="server base URL")
-    parser.add_argument(
-        "--timeout", type=float, default=float(run["health_timeout_seconds"]), help="HTTP timeout (>= 3 s)"
-    )
+    parser.add_argument("--url", default=f"http://127.0.0.1:{run.port}", help="server base URL")
+    parser.add_argument("--timeout", type=float, default=run.timeout, help="HTTP timeout (>= 3 s)")
     parser.add_argument("--no-http", action="store_true", help="judge from the log only")
     parser.add_argument(
         "--live", action="store_true", help="liveness: alive, not hung, and once ready /health answering"
@@ -124,13 +129,13 @@ def parse_args(argv: list[str] | None, run: dict[str, Any]) -> argparse.Namespac
     parser.add_argument(
         "--stall-seconds",
         type=float,
-        default=float(run["stall_seconds"]),
+        default=run.stall_seconds,
         help="no log output for this long while starting, loading or capturing: failed (a hang)",
     )
     parser.add_argument(
         "--verify",
         choices=("enforce", "report", "off"),
-        default=run["verify"],
+        default=run.verify,
         help="the correctness gate (GLM5_VERIFY): ready only once the start's verification passed",
     )
     parser.add_argument("--json", action="store_true", help="print the state as JSON")
@@ -142,7 +147,7 @@ def parse_args(argv: list[str] | None, run: dict[str, Any]) -> argparse.Namespac
         "--accept-partial-capture",
         dest="accept_partial",
         action="store_true",
-        default=bool(run["accept_partial_capture"]),
+        default=run.accept_partial,
         help="accept fewer decode graphs than expected",
     )
     parser.add_argument(
@@ -156,44 +161,10 @@ def parse_args(argv: list[str] | None, run: dict[str, Any]) -> argparse.Namespac
     return args
 
 
-class Probe(NamedTuple):
-    """What one probe reads and how: the run's settings (its launch.json) and the CLI's flags over them."""
-
-    log_path: Path
-    state_dir: Path
-    offline: bool  # a saved log alone (--log): no state file is read
-    url: str | None  # /health's server; None: no HTTP (the log alone)
-    timeout: float
-    stall_seconds: float
-    verify: str
-    accept_partial: bool
-    on_failure: str = "wait"
-    autotune_stall_seconds: float | None = None
-    expect_decode: int | None = None
-    tail_bytes: int = logscan.TAIL_BYTES
-
-
-def settings(environ: Mapping[str, str]) -> Probe:
-    """The log-only probe with the current run's settings (read anew: each start has its launch.json), as the
-    exporter runs it on a scrape, the stall watchdog on a tick, the gate and the support bundle."""
-    run = settings_of_this_run(dict(environ))
-    return Probe(
-        log_path=Path(run["log_dir"]) / state.SERVER_LOG,
-        state_dir=Path(run["state_dir"]),
-        offline=False,
-        url=None,
-        timeout=float(run["health_timeout_seconds"]),
-        stall_seconds=float(run["stall_seconds"]),
-        verify=run["verify"],
-        accept_partial=bool(run["accept_partial_capture"]),
-        on_failure=run["on_failure"],
-        autotune_stall_seconds=run["autotune_stall_seconds"],
-    )
-
-
-def from_args(args: argparse.Namespace, run: dict[str, Any]) -> Probe:
-    return Probe(
-        log_path=args.log or Path(run["log_dir"]) / state.SERVER_LOG,
+def with_flags(run: Run, args: argparse.Namespace) -> Run:
+    """The run's settings with the CLI's flags over them."""
+    return run._replace(
+        log_path=args.log or run.log_path,
         state_dir=args.state.parent,
         offline=args.log is not None,
         url=None if args.no_http else args.url,
@@ -201,68 +172,152 @@ def from_args(args: argparse.Namespace, run: dict[str, Any]) -> Probe:
         stall_seconds=args.stall_seconds,
         verify=args.verify,
         accept_partial=args.accept_partial,
-        on_failure=run["on_failure"],
-        autotune_stall_seconds=run["autotune_stall_seconds"],
         expect_decode=args.expect_decode,
         tail_bytes=args.tail_bytes,
     )
 
 
-def observe(p: Probe) -> Observation:
-    """Read everything the judgement needs, in order; write nothing (capture.json has one writer: remember)."""
-    try:
-        data = logscan.read_tail(p.log_path, p.tail_bytes)
-    except FileNotFoundError:
-        data = b""
-    scan = logscan.scan(data)
-    launch = None if p.offline else state.read_launch(p.state_dir)
-    if not p.offline:
-        scan = phase.merged(scan, launch, state.read_capture(p.state_dir))
-    current = state.current(launch, scan.start)
-    need_config = current is None and not (scan.decode_list and scan.prefill_list)
-    expected = phase.expected_counts(scan, current, configured_counts(os.environ) if need_config else None)
-    if p.expect_decode is not None:
-        expected = (p.expect_decode, expected[1])
-    http = None
-    if p.url is not None and phase.log_says_ready(scan):
-        http = http_status(p.url, "/health", p.timeout)
-    warnings = (current or {}).get("doctor_warnings") or []
-    return Observation(
-        scan=scan,
-        expected=Counts(*expected),
-        alive=pid_alive(int(current["pid"])) if current and current.get("pid") else None,
-        http=http,
-        quiet=None if p.offline or not data else log_quiet_seconds(p.log_path),
-        stall_seconds=p.stall_seconds,
-        accept_partial=p.accept_partial,
-        verify=p.verify,
-        offline=p.offline,
-        stopped=None if p.offline else state.current(state.read_stopped(p.state_dir), scan.start),
-        verified=None if p.offline else state.read_verified(p.state_dir),
-        failed=None if p.offline else state.read_failed(p.state_dir),
-        doctor_warnings=tuple(f"{w['name']}: {w['detail']}" for w in warnings),
-        log=str(p.log_path),
-        on_failure=p.on_failure,
-        autotune_stall_seconds=p.autotune_stall_seconds,
+def merged(
+    scan: logscan.Scan, launch: Mapping[str, Any] | None, kept: Mapping[str, Any] | None
+) -> logscan.Scan:
+    """The facts to judge. A tail that holds the current start's marker says everything itself. A tail without it
+    comes after that start's own lines (they left the window, or the log was rotated): the start's remembered facts
+    (capture.json, `kept`) with the tail's events merged in, never replaced by them: the drain line, and what ends a
+    server (a traceback or an out-of-memory line there belongs to a request, as after the ready line)."""
+    if scan.start is not None or launch is None or not kept or kept.get("start") != launch.get("start"):
+        return scan
+    facts = dict(kept)
+    facts["seen"] = set(facts["seen"]) | (scan.seen & {"draining"})
+    if facts.get("server_failure") is not None:
+        facts["server_failure"] = tuple(facts["server_failure"])
+    late = scan.server_failure
+    if late is not None and late[0] == "killed" and "draining" in facts["seen"]:
+        late = None  # SGLang's drain ends with kill_process_tree: a stop
+    if facts.get("failure") is None and late is not None:
+        facts["failure_event"], facts["failure"] = late
+        facts["server_failure"] = facts.get("server_failure") or late
+        facts["seen"].add(late[0])
+    return logscan.Scan(**facts, bytes_read=scan.bytes_read)
+
+
+def worth_keeping(scan: logscan.Scan) -> dict[str, Any] | None:
+    """What to remember of a start (capture.json), so that its facts outlive the log's tail window: those of a start
+    whose decode capture is done or that said it is ready (and, merged in later, its drain and what ended it)."""
+    if scan.start is None or not (phase.decode_done(scan) or "ready" in scan.seen):
+        return None
+    return {k: (sorted(v) if isinstance(v, set) else v) for k, v in vars(scan).items() if k != "bytes_read"}
+
+
+def expected_counts(
+    scan: logscan.Scan, launch: Mapping[str, Any] | None, configured: tuple[int | None, int | None] | None
+) -> Counts:
+    """Graph counts to expect: the current start's launch.json, else the counts its start marker announced, else the
+    lists the log printed (older formats), else the configuration (`configured`, None when the probe has none)."""
+    decode = prefill = None
+    if launch is not None and launch.get("start") == scan.start:
+        decode, prefill = launch.get("decode_expected"), launch.get("prefill_expected")
+    elif scan.marker_expected is not None:
+        decode, prefill = scan.marker_expected
+    elif scan.decode_list or scan.prefill_list:
+        decode = len(scan.decode_list) if scan.decode_list else None
+        prefill = len(scan.prefill_list) if scan.prefill_list else None
+    if configured is not None:
+        decode = decode if decode is not None else configured[0]
+        prefill = prefill if prefill is not None else configured[1]
+    return Counts(decode, prefill)
+
+
+def stop_of(record: Mapping[str, Any] | None, start: int | None) -> Stop | None:
+    found = state.current(dict(record) if record is not None else None, start)
+    return None if found is None else Stop(str(found.get("signal", "SIGTERM")), str(found.get("at", "?")))
+
+
+def verification_of(record: Mapping[str, Any] | None, start: int | None) -> Verification | None:
+    """The start's own verification (verified.json), without its per-item rows; None before it is done or when the
+    file is an earlier start's."""
+    if record is None or start is None or record.get("start") != start:
+        return None
+    missed = [r for r in record.get("results", []) if not r.get("right")]
+    # An item with no conclusion (no reply, or cut twice) is not a wrong answer: named apart.
+    unsure = tuple(r["id"] for r in missed if r.get("outcome") == "inconclusive")
+    passed = bool(record.get("passed"))
+    return Verification(
+        passed=passed,
+        verdict=str(record.get("verdict") or ("passed" if passed else "wrong")),
+        accuracy=record.get("accuracy"),
+        right=record.get("right"),
+        items=record.get("items"),
+        reasons=tuple(record.get("reasons") or ()),
+        regressed=tuple(record.get("regressed") or ()),
+        compared_with=record.get("compared_with"),
+        seconds=record.get("seconds"),
+        build_id=record.get("build_id"),
+        wrong=tuple(r["id"] for r in missed if r.get("outcome") != "inconclusive"),
+        inconclusive=unsure,
     )
 
 
-def verdict(p: Probe) -> Verdict:
-    return phase.judge(observe(p))
+def recorded_of(record: Mapping[str, Any] | None) -> Recorded | None:
+    """The current start's recorded failure (the snapshot keeps only that one)."""
+    if record is None:
+        return None
+    code = record.get("code")
+    return Recorded(
+        kind=str(record.get("kind") or "refused"),
+        code=code if isinstance(code, int) and 0 <= code < 256 else 1,
+        reason=str(record.get("reason")),
+    )
 
 
-def remember(state_dir: str) -> bool:
-    """Keep what the log says of the current start in capture.json, merged with what was kept: the one writer
-    (entrypoint/lifecycle, each TICK_5). True when it wrote; nothing before a start has written its launch.json."""
+def observe(run: Run, data: bytes | None = None) -> Observation:
+    """Read everything the judgement needs, the state folder once; write nothing (capture.json has one writer:
+    remember). `data`: the log tail when the caller read it already."""
+    if data is None:
+        try:
+            data = logscan.read_tail(run.log_path, run.tail_bytes)
+        except FileNotFoundError:
+            data = b""
+    scan = logscan.scan(data)
+    files = None if run.offline else state.snapshot(run.state_dir)
+    launch = files.launch if files else None
+    if files is not None:
+        scan = merged(scan, launch, files.capture)
+    current = state.current(launch, scan.start)
+    need_config = current is None and not (scan.decode_list and scan.prefill_list)
+    expected = expected_counts(scan, current, configured_counts(os.environ) if need_config else None)
+    if run.expect_decode is not None:
+        expected = expected._replace(decode=run.expect_decode)
+    http = None
+    if run.url is not None and phase.log_says_ready(scan):
+        http = http_status(run.url, "/health", run.timeout)
+    warnings = (current or {}).get("doctor_warnings") or []
+    return Observation(
+        run=run,
+        scan=scan,
+        expected=expected,
+        alive=pid_alive(int(current["pid"])) if current and current.get("pid") else None,
+        http=http,
+        quiet=None if run.offline or not data else log_quiet_seconds(run.log_path),
+        stopped=stop_of(files.stopped, scan.start) if files else None,
+        verification=verification_of(files.verified, scan.start) if files else None,
+        failed=recorded_of(files.failed) if files else None,
+        doctor_warnings=tuple(f"{w['name']}: {w['detail']}" for w in warnings),
+    )
+
+
+def verdict(run: Run, data: bytes | None = None) -> Verdict:
+    return phase.judge(observe(run, data))
+
+
+def remember(state_dir: str | Path, data: bytes) -> bool:
+    """Keep what the log tail `data` says of the current start in capture.json, merged with what was kept: the one
+    writer (entrypoint/lifecycle, each TICK_5, with the tail it judges). True when it wrote; nothing before a start has
+    written its launch.json."""
     launch = state.read_launch(state_dir)
-    if launch is None or not isinstance(launch.get("log_dir"), str):
-        return False
-    try:
-        data = logscan.read_tail(Path(launch["log_dir"]) / state.SERVER_LOG)
-    except FileNotFoundError:
+    if launch is None:
         return False
     kept = state.read_capture(state_dir)
-    keep = phase.worth_keeping(phase.merged(logscan.scan(data), launch, kept))
+    keep = worth_keeping(merged(logscan.scan(data), launch, kept))
     if keep is None or keep == kept:
         return False
     state.write_capture(state_dir, keep)
@@ -279,18 +334,17 @@ def log_quiet_seconds(log: Path) -> float | None:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        run = settings_of_this_run(os.environ)
+        run = run_of(os.environ)
     except Problems as err:
         Log("healthcheck").problems(err.problems, "invalid setting(s)")
         return INVALID_SETTING
     args = parse_args(argv, run)
-    found = verdict(from_args(args, run))
-    result = found.as_json()
+    found = verdict(with_flags(run, args))
     if args.json:
-        print(json.dumps(result))
+        print(json.dumps(found.as_json()))
     if args.status or not args.json:
         now = datetime.datetime.now(datetime.UTC)
-        print(phase.status_line(result, seconds_since(result["started_at"], now)))
+        print(phase.status_line(found, seconds_since(found.started_at, now)))
     if args.started:
         # Kubernetes' startup probe: done once ready, and also once failed, so that liveness judges a hang
         # (restart) and a recorded failure (wait) instead of the startup budget restarting either blindly.

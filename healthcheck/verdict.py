@@ -12,10 +12,11 @@ Kubernetes check, so no dataclasses here (its import alone costs a probe about 1
 from __future__ import annotations
 
 from enum import StrEnum
+from pathlib import Path
 from typing import Any, NamedTuple
 
-from common.report import FAILED, FAILURE_CODE
-from healthcheck.logscan import Scan
+from common.report import FAILED, FAILURE
+from healthcheck.logscan import TAIL_BYTES, Scan
 
 
 class Phase(StrEnum):
@@ -87,27 +88,70 @@ class Counts(NamedTuple):
     prefill: int | None
 
 
+class Run(NamedTuple):
+    """The run's settings, as one probe judges with them: the current start's launch.json (else glm5.toml and the
+    environment), with the CLI's flags over them (healthcheck/probe.py)."""
+
+    state_dir: Path
+    log_path: Path
+    port: int
+    timeout: float  # GLM5_HEALTH_TIMEOUT: /health's bound
+    stall_seconds: float  # GLM5_STALL_SECONDS
+    autotune_stall_seconds: float | None  # GLM5_AUTOTUNE_STALL_SECONDS: the stall bound while autotuning
+    accept_partial: bool  # GLM5_ACCEPT_PARTIAL_CAPTURE
+    verify: str  # GLM5_VERIFY: enforce, report or off
+    on_failure: str  # GLM5_ON_FAILURE: what the container does with a recorded failure
+    url: str | None = None  # /health's server; None: not asked (the log alone)
+    offline: bool = False  # a saved log alone (`--log`): no state file is read
+    expect_decode: int | None = None  # the CLI's --expect-decode over the start's own count
+    tail_bytes: int = TAIL_BYTES
+
+
+class Stop(NamedTuple):
+    """The current start's stop record (stopped.json)."""
+
+    signal: str
+    at: str
+
+
+class Verification(NamedTuple):
+    """What the start's own verification found (verified.json, verify/gate.py), without the per-item rows."""
+
+    passed: bool
+    verdict: str  # passed, wrong or inconclusive (verify/run.py outcome)
+    accuracy: float | None
+    right: int | None
+    items: int | None
+    reasons: tuple[str, ...]
+    regressed: tuple[str, ...]
+    compared_with: str | None
+    seconds: float | None
+    build_id: str | None
+    wrong: tuple[str, ...]  # the items answered wrongly
+    inconclusive: tuple[str, ...]  # the items with no conclusion (no reply, or cut twice): named apart
+
+
+class Recorded(NamedTuple):
+    """A failure the kit recorded for the current start (failed.json): it gave up on it."""
+
+    kind: str  # a kind of common.report.FAILURES
+    code: int  # the container's exit code
+    reason: str
+
+
 class Observation(NamedTuple):
     """Everything the judgement reads, as read by one probe (healthcheck/probe.py observe)."""
 
-    scan: Scan  # the log's facts, merged with what was kept of the current start (phase.merged)
+    run: Run
+    scan: Scan  # the log's facts, merged with what was kept of the current start
     expected: Counts  # graphs the current start asks for
     alive: bool | None  # its server process lives (None: unknown)
     http: int | str | None  # what /health answered (None: not asked)
     quiet: float | None  # seconds since the log last grew (None: unknown)
-    stall_seconds: float | None  # GLM5_STALL_SECONDS
-    accept_partial: bool  # GLM5_ACCEPT_PARTIAL_CAPTURE
-    verify: str  # GLM5_VERIFY: enforce, report or off
-    offline: bool = False  # a saved log alone (`--log`): no state files were read
-    stopped: dict[str, Any] | None = None  # the current start's stopped.json
-    verified: dict[str, Any] | None = None  # verified.json (any start's: the judgement matches it)
-    failed: dict[str, Any] | None = None  # failed.json: a failure the entrypoint recorded
+    stopped: Stop | None = None  # the current start was told to stop
+    verification: Verification | None = None  # the current start's own (None: not done, or another start's)
+    failed: Recorded | None = None  # a failure the kit recorded for the current start
     doctor_warnings: tuple[str, ...] = ()
-    log: str = ""
-    on_failure: str = "wait"  # GLM5_ON_FAILURE: what the container does with a recorded failure
-    autotune_stall_seconds: float | None = (
-        None  # GLM5_AUTOTUNE_STALL_SECONDS: the stall bound while autotuning
-    )
 
 
 class Verdict(NamedTuple):
@@ -124,11 +168,11 @@ class Verdict(NamedTuple):
     http: int | str | None
     server_alive: bool | None
     capacity: dict[str, float] | None
-    failure_kind: str | None  # a key of common.report.FAILURE_KINDS, or "recorded"
+    failure_kind: str | None  # a kind of common.report.FAILURES
     hung: bool
     failed_code: int | None  # the exit code of a recorded failure
     verify: str | None
-    verification: dict[str, Any] | None
+    verification: Verification | None
     doctor_warnings: tuple[str, ...]
     log: str
     log_quiet_seconds: float | None
@@ -136,14 +180,13 @@ class Verdict(NamedTuple):
 
     @property
     def failure_code(self) -> int:
-        """0 while nothing failed; the exit code a recorded failure carries; else the code of what the log shows."""
+        """0 while nothing failed; the exit code of a recorded failure; else the exported code of what failed."""
         if self.phase is not Phase.FAILED:
             return 0
         if self.failed_code is not None:
-            return int(self.failed_code)
-        if self.failure_kind == "recorded":  # failed.json without a code: a failure all the same
-            return FAILED
-        return FAILURE_CODE.get(str(self.failure_kind), FAILURE_CODE["traceback"])
+            return self.failed_code
+        found = FAILURE.get(str(self.failure_kind))
+        return found.exported if found is not None else FAILED
 
     @property
     def serving(self) -> bool:
@@ -151,7 +194,7 @@ class Verdict(NamedTuple):
         return self.phase is Phase.READY and self.http in (None, 200)
 
     def as_json(self) -> dict[str, Any]:
-        out = {
+        out: dict[str, Any] = {
             "phase": str(self.phase),
             "reason": self.reason,
             "decode_captured": self.captured.decode,
@@ -168,7 +211,7 @@ class Verdict(NamedTuple):
             "hung": self.hung,
             "failed_code": self.failed_code,
             "verify": self.verify,
-            "verification": self.verification,
+            "verification": None if self.verification is None else verification_json(self.verification),
             "log": self.log,
             "log_quiet_seconds": self.log_quiet_seconds,
             "ready_at": self.ready_at,
@@ -176,3 +219,8 @@ class Verdict(NamedTuple):
         if self.doctor_warnings:
             out["doctor_warnings"] = list(self.doctor_warnings)
         return out
+
+
+def verification_json(found: Verification) -> dict[str, Any]:
+    """The verification as `--json` and the exporter's /ready carry it (lists where the type has tuples)."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in found._asdict().items()}

@@ -16,6 +16,7 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from grafana_foundation_sdk.builders import common as common_builders
 from grafana_foundation_sdk.builders import dashboard, stat, timeseries
@@ -167,6 +168,7 @@ def build() -> dashboard.Dashboard:
         for spec in panels:
             if x + spec.width > 24:
                 x, y = 0, y + 8
+            builder: stat.Panel | timeseries.Panel
             if spec.kind == "stat":
                 # Now, not over the time range: a phase that ended an hour ago is not shown as current.
                 builder = (
@@ -203,10 +205,10 @@ def json_text() -> str:
     return json.dumps(model, indent=2, sort_keys=True) + "\n"
 
 
-def queries(model: dict[str, object]) -> list[tuple[str, str]]:
+def queries(model: dict[str, Any]) -> list[tuple[str, str]]:
     """(panel title, PromQL) of every target in a dashboard JSON model."""
     found = []
-    for panel in model.get("panels", []):  # type: ignore[union-attr]
+    for panel in model.get("panels", []):
         for target in panel.get("targets", []) or []:
             found.append((panel["title"], target["expr"]))
     return found

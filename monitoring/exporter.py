@@ -35,7 +35,7 @@ from prometheus_client.registry import Collector
 from common.report import INVALID_SETTING, USAGE, Log, Problems
 from configuration import state
 from healthcheck import probe
-from healthcheck.verdict import Phase, Verdict
+from healthcheck.verdict import Phase, Verdict, Verification
 
 LOG = Log("monitoring/exporter")
 GRAPHS = ("decode", "prefill")
@@ -97,7 +97,6 @@ def local_epoch(stamp: str | None) -> float | None:
 
 def metrics(v: Verdict, stall_seconds: float, now: float) -> Iterator[Metric]:
     """The families for one verdict (healthcheck/verdict.py)."""
-    result = v.as_json()
     phase = GaugeMetricFamily(
         "glm5_start_phase",
         "The current start's phase: 1 for the one it is in (healthcheck phases)",
@@ -106,28 +105,26 @@ def metrics(v: Verdict, stall_seconds: float, now: float) -> Iterator[Metric]:
     for name in Phase:
         phase.add_metric([name], 1.0 if v.phase is name else 0.0)
     yield phase
-    for kind, doc in (
-        ("captured", "CUDA graphs captured so far"),
-        ("expected", "CUDA graphs the configuration asks for"),
+    for kind, doc, counts in (
+        ("captured", "CUDA graphs captured so far", v.captured),
+        ("expected", "CUDA graphs the configuration asks for", v.expected),
     ):
         family = GaugeMetricFamily(
             f"glm5_start_graphs_{kind}", f"{doc}, by graph (decode, prefill)", labels=["graph"]
         )
-        for graph in GRAPHS:
-            value = result.get(f"{graph}_{kind}")
+        for graph, value in zip(GRAPHS, counts, strict=True):
             if value is not None:
                 family.add_metric([graph], float(value))
         yield family
-    if result.get("start") is not None:
+    if v.start is not None:
         starts = CounterMetricFamily(
             "glm5_starts", "Server starts this container has made (the log marker's number)"
         )
-        starts.add_metric([], float(result["start"]))
+        starts.add_metric([], float(v.start))
         yield starts
-    started = epoch(result.get("started_at"))
-    ready = local_epoch(result.get("ready_at"))
+    started = epoch(v.started_at)
+    ready = local_epoch(v.ready_at)
     over = v.phase in (Phase.READY, Phase.FAILED) and not v.hung
-    quiet = result.get("log_quiet_seconds")
     families = (
         gauge("glm5_start_timestamp_seconds", "When the current start began (Unix seconds)", started),
         gauge(
@@ -142,18 +139,19 @@ def metrics(v: Verdict, stall_seconds: float, now: float) -> Iterator[Metric]:
         ),
         gauge(
             "glm5_start_failure_code",
-            "0, or what failed: an exit code or a FAILURE_KINDS code (docs/reference.md: Failure codes)",
+            "0, or what failed: a recorded failure's exit code, else the kind's exported code (docs/reference.md: "
+            "Failure codes)",
             v.failure_code,
         ),
         gauge(
             "glm5_start_hung",
             "1 when the start is hung (no log output for the stall bound)",
-            1.0 if result.get("hung") else 0.0,
+            1.0 if v.hung else 0.0,
         ),
         gauge(
             "glm5_start_progress_age_seconds",
             "Seconds since the server log last grew, while the start is not over",
-            None if over else quiet,
+            None if over else v.log_quiet_seconds,
         ),
         gauge(
             "glm5_start_stall_seconds",
@@ -164,22 +162,21 @@ def metrics(v: Verdict, stall_seconds: float, now: float) -> Iterator[Metric]:
         gauge(
             "glm5_server_alive",
             "1 while the current start's server process lives",
-            None if result.get("server_alive") is None else float(bool(result["server_alive"])),
+            None if v.server_alive is None else float(v.server_alive),
         ),
     )
     yield from (f for f in families if f is not None)
-    yield from capacity(result.get("capacity"))
-    yield from verification(result.get("verification"))
-    warnings = result.get("doctor_warnings") or []
+    yield from capacity(v.capacity)
+    yield from verification(v.verification)
     count = GaugeMetricFamily(
         "glm5_doctor_warnings", "Warnings the doctor gave about this box at the last start"
     )
-    count.add_metric([], float(len(warnings)))
+    count.add_metric([], float(len(v.doctor_warnings)))
     yield count
     each = GaugeMetricFamily(
         "glm5_doctor_warning", "1 for each doctor check that warned (entrypoint/doctor)", labels=["check"]
     )
-    for check in sorted({str(w).split(":", 1)[0] for w in warnings}):
+    for check in sorted({w.split(":", 1)[0] for w in v.doctor_warnings}):
         each.add_metric([check], 1.0)
     yield each
 
@@ -200,7 +197,7 @@ def capacity(room: Mapping[str, float] | None) -> Iterator[Metric]:
     yield from (f for f in families if f is not None)
 
 
-def verification(found: Mapping[str, Any] | None) -> Iterator[Metric]:
+def verification(found: Verification | None) -> Iterator[Metric]:
     """The current start's verification (verify/gate), once it is done: nothing before."""
     if found is None:
         return
@@ -208,37 +205,36 @@ def verification(found: Mapping[str, Any] | None) -> Iterator[Metric]:
         gauge(
             "glm5_verification_passed",
             "1 when the start's verification passed, 0 when it failed",
-            found["passed"],
+            float(found.passed),
         ),
         gauge(
-            "glm5_verification_accuracy",
-            "Share of the verification items answered rightly",
-            found["accuracy"],
+            "glm5_verification_accuracy", "Share of the verification items answered rightly", found.accuracy
         ),
-        gauge("glm5_verification_items_wrong", "Verification items answered wrongly", len(found["wrong"])),
+        gauge("glm5_verification_items_wrong", "Verification items answered wrongly", len(found.wrong)),
         gauge(
             "glm5_verification_items_inconclusive",
             "Verification items with no conclusion: cut at the raised bound or unanswered (transport, not the model)",
-            len(found["inconclusive"]),
+            len(found.inconclusive),
         ),
         gauge(
             "glm5_verification_regressed",
             "Items right on the previous verified build and wrong now (0 when there is none to compare with)",
-            len(found["regressed"] or []),
+            len(found.regressed),
         ),
-        gauge("glm5_verification_seconds", "How long the verification set took", found["seconds"]),
+        gauge("glm5_verification_seconds", "How long the verification set took", found.seconds),
     )
     yield from (f for f in families if f is not None)
     per_item = (
-        ("wrong", "1 for each verification item answered wrongly (verified.json)"),
+        ("wrong", "1 for each verification item answered wrongly (verified.json)", found.wrong),
         (
             "inconclusive",
             "1 for each verification item with no conclusion (verified.json has what was received)",
+            found.inconclusive,
         ),
     )
-    for outcome, doc in per_item:
+    for outcome, doc, ids in per_item:
         each = GaugeMetricFamily(f"glm5_verification_item_{outcome}", doc, labels=["item"])
-        for item in found[outcome]:
+        for item in ids:
             each.add_metric([item], 1.0)
         yield each
 
@@ -256,7 +252,7 @@ class StartCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         try:
-            settings = probe.settings(self.environ)
+            settings = probe.run_of(self.environ)
             found = probe.verdict(settings)
             # The bound in effect: GLM5_AUTOTUNE_STALL_SECONDS while autotuning, else GLM5_STALL_SECONDS.
             bound = found.stall_seconds if found.stall_seconds is not None else settings.stall_seconds
@@ -277,10 +273,10 @@ READY_KEYS = ("phase", "reason", "start", "failure_kind", "verification", "capac
 def readiness(environ: Mapping[str, str]) -> tuple[int, dict[str, Any]]:
     """The kit's readiness without HTTP to the server (a probe's log tail, its state files): 200 when ready."""
     try:
-        found = probe.verdict(probe.settings(environ))
+        found = probe.verdict(probe.run_of(environ))
     except PROBE_ERRORS as err:
         return 503, {"phase": "unknown", "reason": f"probe failed: {err}"}
-    result = found.as_json()
+    result = found.as_json()  # the edge: JSON for the gateway's rotation
     return (200 if found.phase is Phase.READY else 503), {k: result.get(k) for k in READY_KEYS}
 
 

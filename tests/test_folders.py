@@ -19,7 +19,7 @@ from configuration import settings, state
 from conftest import ROOT, appeared, image_folders, kit_env
 from entrypoint import lifecycle
 from healthcheck import logscan, phase
-from healthcheck.verdict import Counts, Observation
+from helpers.judging import observation
 from helpers.sandbox import NEEDS_BWRAP, sandbox, with_image_folders
 from helpers.unprivileged import reachable_copy
 
@@ -169,6 +169,13 @@ def test_the_listener_records_a_fatal_server_in_a_state_folder_it_made(tmp_path:
     lifecycle.on_event("PROCESS_STATE_FATAL", {"processname": "sglang"}, values, rpc)
     failed = state.read_failed(values["state_dir"])
     assert failed is not None and failed["code"] == 70 and rpc.calls == []  # GLM5_ON_FAILURE=wait: stays up
+    assert (failed["kind"], failed["start"]) == (
+        "exited",
+        0,
+    )  # no start made: the record names the latest, none
+    lifecycle.on_event("PROCESS_STATE_FATAL", {"processname": "sglang"}, values | {"on_failure": "exit"}, rpc)
+    assert rpc.calls == []  # given up already: one record, one decision
+    state.clear_failed(values["state_dir"])
     lifecycle.on_event("PROCESS_STATE_FATAL", {"processname": "sglang"}, values | {"on_failure": "exit"}, rpc)
     assert rpc.calls == ["shutdown"]
 
@@ -225,11 +232,7 @@ def test_a_state_folder_too_long_for_supervisords_socket_is_named(tmp_path: Path
 
 
 def test_the_watchdog_restarts_a_running_server_only_when_its_start_is_hung(tmp_path: Path) -> None:
-    judged = phase.judge(
-        Observation(
-            logscan.Scan(), Counts(52, 58), None, None, None, None, accept_partial=False, verify="off"
-        )
-    )
+    judged = phase.judge(observation(logscan.Scan(), verify="off"))
     hung = judged._replace(hung=True, reason="no server log output for 1900 s while loading")
     progressing = judged._replace(hung=False, reason="loading")
     for statename, found, calls in (

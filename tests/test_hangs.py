@@ -11,8 +11,9 @@ from typing import Any
 from common.report import HUNG
 from configuration import state
 from entrypoint import lifecycle
-from healthcheck import logscan, phase
-from healthcheck.verdict import Counts, Observation, Phase, Verdict
+from healthcheck import phase, probe
+from healthcheck.verdict import Observation, Phase, Verdict
+from helpers.judging import observation
 from test_folders import FakeSupervisor
 
 MARKER = b"===== glm5-serve: server start #1 at 2026-12-03T09:00:00+00:00 pid 7: decode graphs expected 52, prefill 58 =====\n"
@@ -23,10 +24,7 @@ AUTOTUNED = b"[2026-12-03 09:05:05 TP0] FlashInfer autotune completed.\n"
 
 
 def observed(log: bytes, quiet: float, **more: Any) -> Observation:
-    return Observation(
-        logscan.scan(log), Counts(52, 58), True, None, quiet, 1800, accept_partial=False, verify="enforce",
-        autotune_stall_seconds=900, **more,
-    )  # fmt: skip
+    return observation(log, alive=True, quiet=quiet, **more)
 
 
 def hung_start(start: int, quiet: float = 2000) -> Verdict:
@@ -63,11 +61,17 @@ def test_a_hang_that_repeats_ends_as_a_recorded_failure_after_the_retries(tmp_pa
     assert rpc.calls == ["stop sglang", "start sglang", "stop sglang", "start sglang", "stop sglang"]
     failed = state.read_failed(run)
     assert failed is not None and failed["code"] == HUNG == 73
-    assert "2 starts in a row hung (GLM5_START_RETRIES=1)" in failed["reason"]
+    assert (
+        "2 starts in a row ended before they were verified (GLM5_START_RETRIES=1), the last hung"
+        in failed["reason"]
+    )
+    assert (failed["start"], failed["kind"]) == (2, "hung")
     assert "while autotuning" in failed["reason"] and "--disable-flashinfer-autotune" in failed["reason"]
     # What every prober reads from then on: failed, of kind hung with the recorded code, not hung any more as
     # liveness reads it (it passes, the pod waits).
-    found = phase.judge(observed(MARKER.replace(b"#1", b"#2") + LOADED + AUTOTUNE, 5000, failed=failed))
+    found = phase.judge(
+        observed(MARKER.replace(b"#1", b"#2") + LOADED + AUTOTUNE, 5000, failed=probe.recorded_of(failed))
+    )
     assert (found.phase, found.failure_kind, found.hung, found.failure_code) == (
         Phase.FAILED,
         "hung",

@@ -19,6 +19,7 @@ from configuration import state
 from conftest import ROOT, healthcheck_json, kit_env
 from healthcheck import logscan, phase
 from healthcheck import probe as healthcheck_probe
+from helpers.judging import decided
 
 HEALTHCHECK = ROOT / "healthcheck" / "healthcheck"
 LOGS = ROOT / "tests" / "fixtures" / "logs"
@@ -257,9 +258,10 @@ def test_a_long_running_server_stays_ready_past_the_tail_window(tmp_path: Path, 
     env = run_dir(tmp_path, "sglang-0.5.23-rendered-from-source.log", start=1, pid=os.getpid())
     Health.status = 200
     assert probe("--url", health_server, **env)[0] == 0
+    tail = (tmp_path / "log" / "server.log").read_bytes()
     assert healthcheck_probe.remember(
-        env["GLM5_STATE_DIR"]
-    )  # the one writer (entrypoint/lifecycle's tick) keeps it
+        env["GLM5_STATE_DIR"], tail
+    )  # the one writer (lifecycle's tick) keeps it
     with (tmp_path / "log" / "server.log").open("a") as fh:
         fh.write(
             '[2026-11-30 01:00:00] INFO:     127.0.0.1:5 - "POST /v1/chat/completions HTTP/1.1" 200 OK\n'
@@ -333,33 +335,36 @@ def test_launch_json_counts_only_for_its_own_start() -> None:
     assert scan.start is not None
     own = {"start": scan.start, "decode_expected": 40, "prefill_expected": 30}
     other = own | {"start": scan.start - 1}
-    assert phase.expected_counts(scan, own, None) == (40, 30)
-    assert phase.expected_counts(scan, other, (52, 58)) == (52, 58)  # an earlier start's record is ignored
+    assert healthcheck_probe.expected_counts(scan, own, None) == (40, 30)
+    assert healthcheck_probe.expected_counts(scan, other, (52, 58)) == (
+        52,
+        58,
+    )  # an earlier start's record is ignored
     assert state.current(other, scan.start) is None  # so the probe neither trusts its pid nor its counts
 
 
 def test_ready_needs_the_log_and_then_health() -> None:
     scan = scan_of("sglang-legacy-decode-ready.log")
     assert phase.log_says_ready(scan)
-    assert phase.decide(scan, (52, 58), None, False, None)["phase"] == "ready"  # --no-http
-    assert phase.decide(scan, (52, 58), None, False, 200)["phase"] == "ready"
-    waiting = phase.decide(scan, (52, 58), None, False, 503)
-    assert waiting["phase"] == "ready" and waiting["reason"] == "/health answered 503: not serving now"
-    assert phase.decide(scan, (52, 58), False, False, 200)["phase"] == "failed"  # its process is gone
+    assert decided(scan).phase == "ready"  # --no-http
+    assert decided(scan, http=200).phase == "ready"
+    waiting = decided(scan, http=503)
+    assert waiting.phase == "ready" and waiting.reason == "/health answered 503: not serving now"
+    assert decided(scan, alive=False, http=200).phase == "failed"  # its process is gone
 
 
 def test_a_short_capture_fails_unless_accepted() -> None:
     scan = scan_of("sglang-legacy-decode-ready.log")
-    assert phase.decide(scan, (60, 58), None, False, 200)["phase"] == "failed"
-    assert phase.decide(scan, (60, 58), None, True, 200)["phase"] == "ready"
+    assert decided(scan, (60, 58), http=200).phase == "failed"
+    assert decided(scan, (60, 58), http=200, accept_partial=True).phase == "ready"
 
 
 def test_capture_facts_are_kept_only_for_a_finished_capture_of_a_known_start() -> None:
     done = scan_of("glm5-serve-restart-after-failure.log")
-    assert phase.worth_keeping(logscan.scan(b"Load weight begin\n")) is None
-    kept = phase.worth_keeping(done)
+    assert healthcheck_probe.worth_keeping(logscan.scan(b"Load weight begin\n")) is None
+    kept = healthcheck_probe.worth_keeping(done)
     if kept is None:  # this fixture's current start may not have finished capture: take one that has
-        kept = phase.worth_keeping(
+        kept = healthcheck_probe.worth_keeping(
             logscan.scan(
                 b"===== glm5-serve: server start #3 at 2026-11-30T00:00:00 x\n"
                 + (LOGS / "sglang-legacy-decode-ready.log").read_bytes()
@@ -367,9 +372,11 @@ def test_capture_facts_are_kept_only_for_a_finished_capture_of_a_known_start() -
         )
     assert kept is not None and kept["start"] is not None
     empty = logscan.Scan()
-    back = phase.merged(empty, {"start": kept["start"]}, kept)
+    back = healthcheck_probe.merged(empty, {"start": kept["start"]}, kept)
     assert back.start == kept["start"] and phase.decode_done(back)
-    assert phase.merged(empty, {"start": kept["start"] + 1}, kept) is empty  # another start's facts
+    assert (
+        healthcheck_probe.merged(empty, {"start": kept["start"] + 1}, kept) is empty
+    )  # another start's facts
 
 
 def test_out_of_memory_without_a_traceback_still_fails_the_start() -> None:
@@ -380,11 +387,7 @@ def test_out_of_memory_without_a_traceback_still_fails_the_start() -> None:
         b"[2026-11-30 10:02:00 TP3] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
     )
     scan = logscan.scan(data)
-    result = phase.decide(scan, (52, 58), None, False, None)
-    assert result["phase"] == "failed"
-    assert result["reason"].startswith(
-        "out of memory: OutOfMemoryError: CUDA out of memory. Tried to allocate"
-    )
-    assert (
-        "while loading weights" in result["reason"] and "lower GLM5_MEM_FRACTION_STATIC" in result["reason"]
-    )
+    result = decided(scan)
+    assert result.phase == "failed" and result.reason is not None
+    assert result.reason.startswith("out of memory: OutOfMemoryError: CUDA out of memory. Tried to allocate")
+    assert "while loading weights" in result.reason and "lower GLM5_MEM_FRACTION_STATIC" in result.reason

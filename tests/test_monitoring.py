@@ -24,10 +24,11 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from common.report import EXIT_CODES, FAILURE_KINDS
+from common.report import EXIT_CODES, FAILURE, FAILURES
 from configuration import settings, state
 from conftest import ROOT, kit_env
 from gateway import rotation
+from healthcheck.verdict import Verification
 from helpers import k8s
 from helpers.container import Container, free_port, start
 from helpers.gateway import KEY, Gateway, chat
@@ -240,7 +241,9 @@ def test_exporter_reports_capture_progress_of_a_start_in_progress(tmp_path: Path
 def test_exporter_gives_a_failure_its_code_without_a_label(tmp_path: Path) -> None:
     m = scrape_once(start_files(tmp_path, "sglang-0.5.23-oom-during-decode-capture.log"))
     assert phase_of(m) == "failed"
-    assert m["glm5_start_failure_code"] == {(): 201}  # oom: common/report.py FAILURE_KINDS
+    assert (
+        m["glm5_start_failure_code"] == {(): FAILURE["oom"].exported} == {(): 201}
+    )  # common/report.py FAILURES
     assert "glm5_start_progress_age_seconds" not in m  # the start is over
 
 
@@ -250,7 +253,7 @@ def test_exporter_reports_a_recorded_failure_by_its_exit_code_not_as_a_hang(tmp_
     run = start_files(tmp_path, "glm5-serve-restart-after-failure.log")
     old = time.time() - 7200
     os.utime(tmp_path / "log" / state.SERVER_LOG, (old, old))
-    state.write_failed(tmp_path / "run", 31, "the model folder is empty")
+    state.write_failed(tmp_path / "run", 3, "refused", 31, "the model folder is empty")
     m = scrape_once(run, GLM5_STALL_SECONDS="1800")
     assert phase_of(m) == "failed" and m["glm5_start_failure_code"] == {(): 31}
     assert m["glm5_start_hung"] == {(): 0} and "glm5_start_progress_age_seconds" not in m
@@ -294,7 +297,7 @@ def test_failure_codes_never_collide_with_exit_codes() -> None:
     for code, _, _ in EXIT_CODES:
         low, _, high = code.partition("-")
         exits.update(range(int(low), int(high or low) + 1))
-    kinds = [code for code, _, _ in FAILURE_KINDS]
+    kinds = [f.exported for f in FAILURES if f.kind != "refused"]
     assert len(set(kinds)) == len(kinds) and not exits & set(kinds)
 
 
@@ -589,8 +592,9 @@ def test_inconclusive_items_are_counted_and_named_apart_from_wrong_ones() -> Non
     """A verification with one wrong and two inconclusive items (cut twice, or unanswered after the retries): the
     dashboard's wrong count stays the model's misses; the inconclusive ones, which point at transport or the token
     budget, have their own count and names."""
-    found = {"passed": False, "accuracy": 0.9, "wrong": ["fact-japan"], "inconclusive": ["retrieval-32000", "tool-1"],
-             "regressed": [], "seconds": 12.0}  # fmt: skip
+    found = Verification(passed=False, verdict="wrong", accuracy=0.9, right=54, items=57, reasons=(), regressed=(),
+                         compared_with=None, seconds=12.0, build_id="dev", wrong=("fact-japan",),
+                         inconclusive=("retrieval-32000", "tool-1"))  # fmt: skip
     samples = {
         (s.name, s.labels.get("item", "")): s.value for f in exporter.verification(found) for s in f.samples
     }

@@ -10,7 +10,8 @@ import pytest
 
 from configuration import state
 from conftest import ROOT
-from healthcheck import logscan, phase, verdict
+from healthcheck import logscan, phase, probe, verdict
+from helpers.judging import decided, judged
 
 CORPUS = ROOT / "tests" / "fixtures" / "logs" / "real"
 EXCERPTS: list[dict[str, Any]] = tomllib.loads((CORPUS / "sources.toml").read_text())["excerpt"]
@@ -21,11 +22,8 @@ def judge(data: bytes) -> dict[str, Any]:
     """The phase from the log alone, as `healthcheck --log FILE --no-http` on a foreign log: no launch.json,
     no configured counts, the process unknown."""
     scan = logscan.scan(data)
-    expected = verdict.Counts(*phase.expected_counts(scan, None, None))
-    seen = verdict.Observation(
-        scan, expected, None, None, None, None, accept_partial=False, verify="off", offline=True
-    )
-    return phase.judge(seen).as_json()
+    expected = probe.expected_counts(scan, None, None)
+    return judged(scan, tuple(expected), verify="off", offline=True).as_json()
 
 
 def text_of(excerpt: dict[str, Any]) -> bytes:
@@ -106,8 +104,8 @@ def test_the_capacity_line_of_real_logs_is_read_as_printed() -> None:
                                "available_gpu_mem_gb": 10.54}  # fmt: skip
     ranked = logscan.scan(next(real.glob("15-*.log")).read_bytes())
     assert ranked.capacity is not None and ranked.capacity["max_running_requests"] == 2913
-    shown = phase.decide(newest, (None, None), None, True, 200)
-    assert shown["capacity"] == newest.capacity
+    shown = decided(newest, (None, None), http=200, accept_partial=True)
+    assert shown.capacity == newest.capacity
     assert "392920 KV tokens, 4096 running requests at most" in phase.status_line(shown, None)
     assert (
         logscan.scan(b"max_total_num_tokens=1, chunked_prefill_size=2").capacity is None

@@ -182,9 +182,18 @@ def test_state_files_are_named_once(tmp_path: Path) -> None:
     assert state.current(state.read_launch(tmp_path), 2) == {"start": 2, "pid": 1}
     # an earlier start's record is not the current one
     assert state.current(state.read_launch(tmp_path), 3) is None
-    state.write_failed(tmp_path, 70, "why")
+    state.write_failed(tmp_path, 2, "exited", 70, "why")
     failed = state.read_failed(tmp_path)
-    assert failed is not None and (failed["code"], failed["reason"]) == (70, "why")
+    assert failed is not None and (failed["start"], failed["kind"], failed["code"], failed["reason"]) == (
+        2,
+        "exited",
+        70,
+        "why",
+    )
+    assert (
+        state.current_failure(failed, 2) == failed and state.current_failure(failed, 1) == failed
+    )  # refused next
+    assert state.current_failure(failed, 3) is None  # an earlier start's failure is not the latest one's
     state.clear_failed(tmp_path)
     assert state.read_failed(tmp_path) is None
 
@@ -192,8 +201,11 @@ def test_state_files_are_named_once(tmp_path: Path) -> None:
 def test_exit_codes_are_one_table_with_one_meaning_each() -> None:
     codes = [row[0] for row in report.EXIT_CODES]
     assert len(codes) == len(set(codes))
-    named = {report.OK, report.FAILED, report.USAGE, report.INVALID_SETTING, report.NEVER_READY, report.FATAL}
+    named = {report.OK, report.FAILED, report.USAGE, report.INVALID_SETTING, report.NEVER_READY}
     assert {str(c) for c in named} <= set(codes)
+    gave_up = {f.exit_code for f in report.FAILURES if f.kind != "refused"}
+    low, high = (int(x) for x in next(c for c in codes if c.startswith(f"{min(gave_up)}-")).split("-"))
+    assert gave_up == set(range(low, high + 1))  # every kind's exit code, and no other, in the row
     readme = (ROOT / "README.md").read_text()
     for code, meaning, _tools in report.EXIT_CODES:
         assert f"| {code} | {meaning} |" in readme

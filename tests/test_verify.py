@@ -21,10 +21,15 @@ from typing import Any
 
 import pytest
 
-from common.report import VERIFY_INCONCLUSIVE, WRONG_ANSWERS
+from common.report import FAILURE, WRONG_ANSWERS
+from configuration import state
 from conftest import ROOT, kit_env
-from healthcheck import phase
+from entrypoint import lifecycle
+from healthcheck import probe
+from healthcheck.verdict import Recorded, Verdict
 from helpers import oracles
+from helpers.judging import judged
+from test_folders import FakeSupervisor
 from verify import gate, items, run
 
 BENCH_PYTHON = ROOT / ".venv-bench" / "bin" / "python"
@@ -122,7 +127,11 @@ def test_the_judge_reads_tool_calls_json_and_reasoning_strictly() -> None:
     assert summary["verdict"] == "passed" and summary["inconclusive"] == []
 
 
-READY = {"phase": "ready", "start": 3, "http": 200, "reason": None}
+# Start #3, ready by its log (SGLang 0.5.23's lines) and /health: what the gate holds until its own verification.
+READY_LOG = (
+    b"===== glm5-serve: server start #3 at 2026-12-03T09:00:00+00:00 pid 7: decode graphs expected 52, prefill 58 "
+    b"=====\n" + (ROOT / "tests/fixtures/logs/sglang-0.5.23-rendered-from-source.log").read_bytes()
+)
 
 
 def record(start: int, wrong: set[str] = frozenset(), build: str = "a" * 16) -> dict[str, Any]:  # type: ignore[assignment]
@@ -130,75 +139,84 @@ def record(start: int, wrong: set[str] = frozenset(), build: str = "a" * 16) -> 
     return found | {"start": start, "build_id": build, "regressed": [], "compared_with": None}
 
 
-def test_a_start_judged_wrong_is_recorded_with_its_exit_code_under_enforce_only(tmp_path: Path) -> None:
-    values = {"verify": "enforce", "state_dir": str(tmp_path)}
+def ready(verified: dict[str, Any] | None = None, **more: Any) -> Verdict:
+    """The whole judgement of start #3 with verified.json `verified` (probe.verification_of reads it)."""
+    found = probe.verification_of(verified, 3)
+    return judged(READY_LOG, alive=True, http=more.pop("http", 200), verification=found, **more)
+
+
+def test_a_start_judged_wrong_is_recorded_by_the_listener_with_its_exit_code_under_enforce_only(
+    tmp_path: Path,
+) -> None:
+    """The gate only verifies; the lifecycle listener's tick records the judged verdict, with the kind's exit code
+    (common/report.py FAILURES), the code entrypoint.sh exits with once stopped."""
+    (tmp_path / state.STARTS).write_text("3")
     wrong = record(3, {"tool-madrid"}) | {"verdict": "wrong"}
-    assert gate.record_failure(values, wrong) == WRONG_ANSWERS == 71
-    failed = json.loads((tmp_path / "failed.json").read_text())
-    assert failed["code"] == 71 and failed["reason"].startswith(
-        "verification failed, the server answers wrongly: tool: wrong tool-madrid"
-    )
-    env = kit_env(GLM5_STATE_DIR=str(tmp_path))
-    code = subprocess.run([str(ROOT / "entrypoint/launch"), "--failed-code"], env=env, capture_output=True,
-                          text=True, check=True).stdout.strip()  # fmt: skip
-    assert code == "71"  # what entrypoint.sh exits with once stopped
     unsure = wrong | {"verdict": "inconclusive", "reasons": ["retrieval: inconclusive retrieval-32000"]}
-    assert gate.record_failure(values, unsure) == VERIFY_INCONCLUSIVE == 72
-    assert "verification inconclusive twice" in json.loads((tmp_path / "failed.json").read_text())["reason"]
+    env = kit_env(GLM5_STATE_DIR=str(tmp_path))
+    for verified, kind, code in ((wrong, "wrong_answers", 71), (unsure, "verify_inconclusive", 72)):
+        state.clear_failed(tmp_path)
+        found = ready(verified)
+        assert (
+            lifecycle.watch(FakeSupervisor(), lambda found=found: found, str(tmp_path), 2)
+            == lifecycle.STOPPED
+        )
+        failed = json.loads((tmp_path / "failed.json").read_text())
+        assert (
+            (failed["start"], failed["kind"], failed["code"])
+            == (3, kind, code)
+            == (3, kind, FAILURE[kind].exit_code)
+        )
+        done = subprocess.run([str(ROOT / "entrypoint/launch"), "--failed-code"], env=env, capture_output=True,
+                              text=True, check=True)  # fmt: skip
+        assert done.stdout.strip() == str(code)
+    assert "verification inconclusive twice" in failed["reason"]
+    state.clear_failed(tmp_path)
+    served = ready(wrong, verify="report")
     assert (
-        gate.record_failure(values, record(4)) is None and not (tmp_path / "failed.json").exists()
-    )  # cleared
-    (tmp_path / "failed.json").write_text(json.dumps({"code": 70, "reason": "FATAL"}))
-    assert (
-        gate.record_failure(values, record(5)) is None and (tmp_path / "failed.json").exists()
-    )  # not its own
-    (tmp_path / "failed.json").unlink()
-    assert gate.record_failure(values | {"verify": "report"}, wrong) is None  # serving anyway: no failure
-    assert not (tmp_path / "failed.json").exists()
+        served.phase == "ready"
+        and lifecycle.watch(FakeSupervisor(), lambda: served, str(tmp_path), 2) is None
+    )
+    assert not (tmp_path / "failed.json").exists()  # serving anyway: no failure
 
 
 def test_the_gate_holds_a_ready_start_at_verifying_until_its_own_verification() -> None:
-    assert phase.gated(READY, "enforce", None)["phase"] == "verifying"
-    assert (
-        phase.gated(READY, "enforce", record(2))["phase"] == "verifying"
-    )  # an earlier start's is not this one's
-    assert phase.gated(READY, "enforce", record(3))["phase"] == "ready"
-    assert phase.gated(READY, "off", None)["phase"] == "ready"
-    assert phase.gated(READY | {"http": 503}, "enforce", None)["phase"] == "ready"  # /health decides first
-    assert phase.gated(READY | {"phase": "capturing"}, "enforce", None)["phase"] == "capturing"
+    assert ready().phase == "verifying"
+    assert ready(record(2)).phase == "verifying"  # an earlier start's is not this one's
+    assert ready(record(3)).phase == "ready"
+    assert ready(verify="off").phase == "ready"
+    assert ready(http=503).phase == "ready"  # /health decides first
+    capturing = judged(READY_LOG.split(b"Capture target decode CUDA graph end")[0], alive=True)
+    assert capturing.phase == "capturing"
 
 
 def test_a_wrong_verification_fails_the_start_with_enforce_and_is_only_reported_with_report() -> None:
     wrong = record(3, {"tool-madrid"})
-    failed = phase.gated(READY, "enforce", wrong)
-    assert (
-        failed["phase"] == "failed" and failed["failure_kind"] == "wrong_answers" and failed["hung"] is False
-    )
-    assert "tool: wrong tool-madrid" in failed["reason"] and failed["verification"]["wrong"] == [
-        "tool-madrid"
-    ]
-    reported = phase.gated(READY, "report", wrong)
-    assert reported["phase"] == "ready" and "verification FAILED, serving anyway" in reported["reason"]
+    failed = ready(wrong)
+    assert (failed.phase, failed.failure_kind, failed.hung) == ("failed", "wrong_answers", False)
+    assert failed.verification is not None and failed.verification.wrong == ("tool-madrid",)
+    assert "tool: wrong tool-madrid" in str(failed.reason) and failed.failure_code == 213  # not recorded yet
+    reported = ready(wrong, verify="report")
+    assert reported.phase == "ready" and "verification FAILED, serving anyway" in str(reported.reason)
 
 
 def test_a_recorded_wrong_start_keeps_its_kind_and_names_inconclusive_items_apart() -> None:
-    """Once the gate records it (failed.json, 71), the verdict still says what failed (wrong_answers, as before the
-    record) with the recorded code; an item with no conclusion is listed as inconclusive, not as a wrong answer."""
+    """Once the listener records it (failed.json, 71), the verdict says what failed with the recorded code; an item
+    with no conclusion is listed as inconclusive, not as a wrong answer."""
     found = record(3, {"tool-madrid"})
     for row in found["results"]:
         if row["id"] == "fact-japan":
             row |= {"right": False, "outcome": "inconclusive"}
-    failed = {"code": WRONG_ANSWERS, "reason": "verification failed, the server answers wrongly: ..."}
-    verdict = phase.recorded(phase.gated(READY, "enforce", found), failed)
-    assert (verdict["phase"], verdict["failure_kind"], verdict["failed_code"]) == (
-        "failed",
-        "wrong_answers",
-        71,
-    )
-    assert verdict["verification"]["wrong"] == ["tool-madrid"]
-    assert verdict["verification"]["inconclusive"] == ["fact-japan"]
-    # A recorded failure the log and the gate showed nothing of keeps the generic kind.
-    assert phase.recorded(READY | {"phase": "loading"}, failed)["failure_kind"] == "recorded"
+    failed = Recorded("wrong_answers", WRONG_ANSWERS, "verification failed, the server answers wrongly: ...")
+    verdict = ready(found, failed=failed)
+    assert (verdict.phase, verdict.failure_kind, verdict.failed_code, verdict.failure_code) == (
+        "failed", "wrong_answers", 71, 71,
+    )  # fmt: skip
+    assert verdict.verification is not None and verdict.verification.wrong == ("tool-madrid",)
+    assert verdict.verification.inconclusive == ("fact-japan",)
+    # A recorded failure keeps the kind its record names, whatever the log shows.
+    refused = Recorded("refused", 31, "preflight: the model folder is empty")
+    assert judged(b"", failed=refused).failure_kind == "refused"
 
 
 def test_regressions_are_items_right_on_the_earlier_build_and_wrong_now(tmp_path: Path) -> None:
@@ -209,8 +227,8 @@ def test_regressions_are_items_right_on_the_earlier_build_and_wrong_now(tmp_path
     ):
         (tmp_path / f"build-{build}").mkdir()
         body = record(1, wrong, build) | {"passed": passed}
-        (tmp_path / f"build-{build}" / gate.RECORD).write_text(json.dumps(body))
-    os.utime(tmp_path / "build-older" / gate.RECORD, (1, 1))  # the oldest
+        (tmp_path / f"build-{build}" / state.BUILD_VERIFICATION).write_text(json.dumps(body))
+    os.utime(tmp_path / "build-older" / state.BUILD_VERIFICATION, (1, 1))  # the oldest
     earlier = gate.earlier_build(tmp_path, "new")
     assert earlier is not None and earlier["build_id"] == "old"  # the newest passed one, never a failed one
     assert gate.earlier_build(tmp_path, "old")["build_id"] == "older"  # type: ignore[index]

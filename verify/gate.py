@@ -9,15 +9,17 @@ build, to the cache volume ({cache_root}/verification.json, one folder per image
 build compares its items with the newest passed record of another build and lists those that went from right to
 wrong (`regressed`), the first sign of a kernel regression after an upgrade. GLM5_VERIFY=off: nothing runs.
 
-A start judged wrong (verify/run.py's `settled`: two whole runs, each with its retries, failed) under
-GLM5_VERIFY=enforce is a failure like any other start's: recorded in failed.json (before verified.json, so no
-reader sees the one without the other) with its exit code, WRONG_ANSWERS or VERIFY_INCONCLUSIVE (common/report.py),
-the code the container exits with once stopped; GLM5_ON_FAILURE=exit stops it at once (entrypoint/lifecycle.py's
-give_up, the one place that decides). It stays out of service: a replica answering the set wrongly twice, with judges
-that accept every wording of a right answer, is a build fault that would answer clients wrongly too, and this holds
-when every replica judges itself wrong (a bad build is wrong on all of them): an outage that pages (GLM5StartFailed,
-GLM5VerificationFailed) rather than wrong answers served quietly. GLM5_VERIFY=report serves anyway, with the alert.
-A later start of the same container that passes clears the gate's own record.
+It only verifies: it writes its two verification records and nothing else. The judgement of a failed verification is
+the healthcheck's (healthcheck/phase.py gated: under GLM5_VERIFY=enforce a start judged wrong or inconclusive in two
+whole runs is failed, `wrong_answers` or `verify_inconclusive`), and the lifecycle listener records it and gives up
+(entrypoint/lifecycle.py, the one recorder; exit codes 71 and 72, common/report.py FAILURES). It stays out of service:
+a replica answering the set wrongly twice, with judges that accept every wording of a right answer, is a build fault
+that would answer clients wrongly too, and this holds when every replica judges itself wrong (a bad build is wrong on
+all of them): an outage that pages (GLM5StartFailed, GLM5VerificationFailed) rather than wrong answers served
+quietly. GLM5_VERIFY=report serves anyway, with the alert.
+
+A start that ends while it is being verified (its server crashed, or was stopped or restarted) is no longer current:
+the run stops at its next ask and records nothing, and the next start is verified on its own once it is up.
 """
 
 from __future__ import annotations
@@ -32,26 +34,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from supervisor import childutils
-
-from common.report import (
-    FAILED,
-    INVALID_SETTING,
-    NEVER_READY,
-    OK,
-    VERIFY_INCONCLUSIVE,
-    WRONG_ANSWERS,
-    Log,
-    Problems,
-)
+from common.report import FAILED, INVALID_SETTING, NEVER_READY, OK, Log, Problems
 from configuration import config, state
-from entrypoint import lifecycle
 from healthcheck import probe
 from healthcheck.verdict import Phase
 from verify import run
 
 LOG = Log("verify")
-RECORD = "verification.json"  # in the cache volume's folder of this build
 POLL_SECONDS = 2.0
 REQUEST_TIMEOUT = (
     600.0  # one item: the 32k retrieval prefill is ~8 s on the box; a stuck server is the watchdog's
@@ -67,7 +56,7 @@ def regressions(now: list[dict[str, Any]], before: list[dict[str, Any]]) -> list
 def earlier_build(cache_dir: Path, build_id: str) -> dict[str, Any] | None:
     """The newest passed record of another build on this cache volume."""
     found = []
-    for file in cache_dir.glob(f"build-*/{RECORD}"):
+    for file in cache_dir.glob(f"build-*/{state.BUILD_VERIFICATION}"):
         record = state.read_json(file)
         if record and record.get("build_id") != build_id and record.get("passed"):
             found.append((file.stat().st_mtime, record))
@@ -79,47 +68,44 @@ def record_for_build(values: Mapping[str, Any], record: dict[str, Any]) -> None:
     folder = Path(values["cache_root"])
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        state.write_whole(folder / RECORD, json.dumps(record) + "\n")
+        state.write_whole(folder / state.BUILD_VERIFICATION, json.dumps(record) + "\n")
     except OSError as err:
         LOG.warning(
             f"cannot keep the result in {folder} ({err.strerror}): the next build cannot compare with it"
         )
 
 
-def failure(record: Mapping[str, Any]) -> tuple[int, str]:
-    """The exit code and the reason of a start judged wrong (the healthcheck's wording: README, Verification)."""
-    reasons = "; ".join(record["reasons"] or ["no reason recorded"])
-    if record.get("verdict") == "inconclusive":
-        return VERIFY_INCONCLUSIVE, (
-            f"verification inconclusive twice: {reasons} (replies cut at the raised token bound, or HTTP errors and "
-            "timeouts after the retries: verified.json has each; the server is not known to answer rightly)"
-        )
-    return WRONG_ANSWERS, (
-        f"verification failed, the server answers wrongly: {reasons} (twice; verified.json lists every item; "
-        "README: Verification; GLM5_VERIFY=report serves anyway)"
+def still_current(state_dir: str | Path, start: int) -> bool:
+    """Start `start` is the latest and its server process (launch --serve) lives."""
+    launch = state.read_launch(state_dir) or {}
+    return (
+        launch.get("start") == start and isinstance(launch.get("pid"), int) and probe.pid_alive(launch["pid"])
     )
 
 
-def record_failure(values: Mapping[str, Any], record: Mapping[str, Any]) -> int | None:
-    """Under enforce, a start judged wrong goes to failed.json with its exit code (returned); a passed one clears a
-    record of the gate's own (an earlier start's); else None."""
-    if values["verify"] != "enforce":
-        return None
-    recorded = state.read_failed(values["state_dir"]) or {}
-    if record["passed"]:
-        if recorded.get("code") in (WRONG_ANSWERS, VERIFY_INCONCLUSIVE):
-            state.clear_failed(values["state_dir"])
-        return None
-    code, reason = failure(record)
-    state.write_failed(values["state_dir"], code, reason)
-    return code
+def while_current(ask: run.Ask, state_dir: str | Path, start: int) -> run.Ask:
+    """`ask`, for as long as start `start` is current: before each ask, and after one that raised (a refused
+    connection is how a crashed server answers), a start that ended raises run.Abandoned."""
+
+    def current_ask(request: dict[str, Any]) -> run.Reply:
+        if not still_current(state_dir, start):
+            raise run.Abandoned(f"start #{start} ended during its verification")
+        try:
+            return ask(request)
+        except Exception:
+            if not still_current(state_dir, start):
+                raise run.Abandoned(f"start #{start} ended during its verification") from None
+            raise
+
+    return current_ask
 
 
 def verify(values: Mapping[str, Any], start: int, ask: run.Ask) -> dict[str, Any]:
     """Answer the set (twice when the first run fails), judge it, compare it with the newest passed record of
-    another build; the whole record."""
+    another build; the whole record, written to verified.json and the cache volume. Raises run.Abandoned, writing
+    nothing, when the start ends meanwhile."""
     LOG.info(f"start #{start}: answering the verification set before the start counts as ready")
-    found = run.settled(ask, values["served_model_name"])
+    found = run.settled(while_current(ask, values["state_dir"], start), values["served_model_name"])
     earlier = earlier_build(Path(values["cache_dir"]), values["build_id"])
     record = found | {
         "start": start,
@@ -136,9 +122,6 @@ def verify(values: Mapping[str, Any], start: int, ask: run.Ask) -> dict[str, Any
         )
     if not found["passed"] and values["verify"] == "report":
         LOG.warning(f"start #{start}: verification {found['verdict']}; serving anyway (GLM5_VERIFY=report)")
-    record["failed_code"] = record_failure(
-        values, record
-    )  # failed.json first: no reader sees verified.json alone
     state.write_verified(values["state_dir"], record)
     record_for_build(values, record)
     if record["regressed"]:
@@ -155,7 +138,7 @@ def verify(values: Mapping[str, Any], start: int, ask: run.Ask) -> dict[str, Any
 def awaiting(environ: Mapping[str, str], port: int) -> int | None:
     """The start to verify now: one the healthcheck holds at verifying (up after its warm-up, its own verification
     not yet there) whose /health answers 200, else None."""
-    settings = probe.settings(environ)
+    settings = probe.run_of(environ)
     found = probe.verdict(settings)
     if found.phase is not Phase.VERIFYING:
         return None
@@ -192,7 +175,11 @@ def main(argv: list[str] | None = None) -> int:
         if start is None:
             LOG.error("no start of the server to verify (healthcheck --status says why)")
             return NEVER_READY
-        record = verify(values, int(start), ask)
+        try:
+            record = verify(values, int(start), ask)
+        except run.Abandoned as err:
+            LOG.error(f"{err}: nothing recorded")
+            return NEVER_READY
         print(json.dumps({k: v for k, v in record.items() if k != "results"}, indent=2))
         return OK if record["passed"] else FAILED
     # Each start once; the log is probed only while the current start has no verified.json of its own.
@@ -204,9 +191,10 @@ def main(argv: list[str] | None = None) -> int:
             and current != done
             and (start := awaiting(os.environ, values["port"])) is not None
         ):
-            code = verify(values, start, ask)["failed_code"]
-            if code is not None:  # wait (the default) or stop the container, as after any failure
-                lifecycle.give_up(code, dict(values), childutils.getRPCInterface(os.environ).supervisor)
+            try:
+                verify(values, start, ask)
+            except run.Abandoned as err:
+                LOG.warning(f"{err}: nothing recorded; the next start is verified on its own once it is up")
         time.sleep(POLL_SECONDS)
 
 

@@ -268,10 +268,10 @@ def generate(seed: int = SEED) -> list[Item]:
         rng.choice((15, 45)),
     )
     total = hour * 60 + minutes + span_h * 60 + span_m  # at most 10:15 pm: the same afternoon or evening
-    expected = f"{total // 60}:{total % 60:02d}pm"
+    arrival = f"{total // 60}:{total % 60:02d}pm"
     prompt = (
         f"A train leaves at {hour}:{minutes:02d} pm and travels {span_h} hours {span_m} minutes. At what time does it "
         "arrive? Answer like 5:45 pm."
     )
-    items.append(Item("reasoning-train", "reasoning", prompt, expected, thinking=True, max_tokens=2048))
+    items.append(Item("reasoning-train", "reasoning", prompt, arrival, thinking=True, max_tokens=2048))
     return items

@@ -78,6 +78,11 @@ class Reply:
 Ask = Callable[[dict[str, Any]], Reply]  # a chat completion request (the openai client's create() arguments)
 
 
+class Abandoned(Exception):
+    """Raised by an Ask whose server is gone for good (the gate's: the start being verified ended): the run stops,
+    nothing is judged. Never transport trouble to retry."""
+
+
 def openai_asker(client: Any) -> Ask:
     """An Ask over the openai client's chat completions."""
 
@@ -132,6 +137,8 @@ def asked(ask: Ask, request: dict[str, Any], pause: float) -> tuple[Reply | None
     for attempt in range(1, TRANSPORT_ATTEMPTS + 1):
         try:
             return ask(request), attempt, ""
+        except Abandoned:
+            raise
         except Exception as err:  # noqa: BLE001 (any failure to get a reply is transport trouble, named)
             error = f"{type(err).__name__}: {str(err)[:160]}"
             status = refusal(err)
