@@ -89,7 +89,7 @@ WRITERS: dict[str, tuple[str, ...]] = {
     DOCTOR: ("write_doctor",),
     VERIFIED: ("write_verified",),
     SERVER_CONFIG: ("write_server_config", "remove_server_config"),
-    BUILD_VERIFICATION: ("write_whole",),
+    BUILD_VERIFICATION: ("BUILD_VERIFICATION",),  # written with write_whole, a helper of many: by its name
 }
 
 SOCKET = "supervisor.sock"  # supervisord's, in the state folder (supervisord.conf)
