@@ -45,6 +45,15 @@ def settled(c: Container, timeout: float = 90) -> tuple[dict[str, Any], list[str
     raise AssertionError(f"not settled in {timeout} s: {seen}\n{c.entrypoint_output.read_text()[-3000:]}")
 
 
+def recorded(c: Container, found: dict[str, Any], timeout: float = 20) -> dict[str, Any]:
+    """The verdict once the listener recorded the failure (its tick is every 5 s)."""
+    deadline = time.monotonic() + timeout
+    while found["failed_code"] is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+        found = healthcheck_json(c.target.env)[1]
+    return found
+
+
 def test_a_right_server_is_verifying_then_ready_and_its_build_keeps_the_result(
     tmp_path: Path, containers: list[Container]
 ) -> None:
@@ -89,7 +98,9 @@ def test_a_wrong_server_never_turns_ready_and_says_which_items(
     containers.append(c)
     found, seen = settled(c)
     reason, named = WRONG_MODES[mode]
-    # Recorded as any failure a restart cannot fix (failed.json, its exit code), its kind still what failed.
+    # Judged failed at once, then recorded by the lifecycle listener's next tick (failed.json, its exit code), as
+    # any failure a restart cannot fix; its kind still what failed.
+    found = recorded(c, found)
     assert found["phase"] == "failed" and found["failed_code"] == 71, found
     assert found["failure_kind"] == "wrong_answers", found
     assert "verifying" in seen and "ready" not in seen, seen
