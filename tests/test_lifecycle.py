@@ -194,7 +194,9 @@ def test_a_hung_start_is_restarted_inside_the_container_then_recorded_when_it_ha
     assert (
         samples.get("glm5_start_hung{}") == 0
     )  # a recorded failure, not a hang: liveness passes, the pod waits
-    assert "2 starts in a row ended before they were verified (GLM5_START_RETRIES=1), the last hung" in status(c)
+    assert (
+        "2 starts in a row ended before they were verified (GLM5_START_RETRIES=1), the last hung" in status(c)
+    )
     assert (
         subprocess.run(
             [str(ROOT / "healthcheck/healthcheck"), "--live"], env=c.target.env, timeout=60
