@@ -17,7 +17,12 @@ collective), hang-loading (the log stops
 during weight loading, the process lives), box (the box's figures, tests/doubles/sglang_box.py: a KV pool in tokens
 that holds each running request's prompt and answer, the rest queued in the server; a per-stream decode rate falling
 with concurrency; chat answers with SGLANG_DOUBLE_ANSWER_TOKENS of thinking; `Prefill batch` and `Decode batch` log
-lines; all under SGLANG_DOUBLE_TIME_SCALE).
+lines; all under SGLANG_DOUBLE_TIME_SCALE), crash-verifying (on the first start only, once ready, the
+scheduler dies at the SGLANG_DOUBLE_CRASH_AFTER_REQUESTS-th chat completion request, default 3: the verification's
+first real traffic; the server then ends as 0.5.23 does, see `scheduler_crash`), crash-verifying-always (the same on
+every start). SGLANG_DOUBLE_RELOAD_SECONDS (default 0): every start after the first reloads the weights for this long
+between its `Load weight begin` and `Load weight end` lines (the box's reload of 410 GB, scaled down), with a shard
+progress line a second as SGLang's loader prints them, so that the log never goes quiet.
 
 It answers questions by reading them, as a model would and without the kit's generator: a capital from its own
 table, arithmetic by computing it, a code planted in a long context by finding it, JSON sums and products, a time
@@ -158,6 +163,8 @@ def startup(args: argparse.Namespace) -> None:
     for rank in range(args.tp_size):
         log("Load weight begin. avail mem=94.62 GB", rank)
     time.sleep(TICK * 5)
+    if RELOAD_SECONDS > 0 and not first_start(LOADED_ONCE):
+        reload_weights(RELOAD_SECONDS)
     if "crash-loading" in MODES or ("crash-once" in MODES and first_start()):
         traceback_exit("runtime")
     if "hang-loading" in MODES:  # a hung collective while loading: alive, silent
@@ -202,12 +209,102 @@ def startup(args: argparse.Namespace) -> None:
     )
 
 
-def first_start() -> bool:
-    marker = Path(os.environ.get("SGLANG_DOUBLE_STATE", "/tmp")) / "sglang-double-started-once"
+def first_start(name: str = "sglang-double-started-once") -> bool:
+    """Whether this is the server program's first start under SGLANG_DOUBLE_STATE as NAME counts them: a marker file
+    of that name, written at the first call (each use has its own name, so that one never answers for another)."""
+    marker = Path(os.environ.get("SGLANG_DOUBLE_STATE", "/tmp")) / name
     if marker.exists():
         return False
     marker.write_text("1")
     return True
+
+
+RELOAD_SECONDS = float(os.environ.get("SGLANG_DOUBLE_RELOAD_SECONDS", "0"))
+LOADED_ONCE = "sglang-double-loaded-once"  # first_start's marker for SGLANG_DOUBLE_RELOAD_SECONDS
+CRASHED_ONCE = "sglang-double-crashed-verifying"  # first_start's marker for crash-verifying
+CRASH_AFTER = int(os.environ.get("SGLANG_DOUBLE_CRASH_AFTER_REQUESTS", "3"))
+# crash-verifying: the chat request the scheduler dies on (None: never), the chat requests so far, and whether it died
+CRASH: dict[str, Any] = {"at": None, "chats": 0, "crashed": False}
+CRASH_LOCK = threading.Lock()
+# 0.5.23's dump_requests_before_crash (managers/tokenizer_manager.py:3395-3397, 3481-3484) sleeps 5 s before its
+# diagnostics: SGLANG_PYSPY_DUMP_BEFORE_CRASH and SGLANG_CUDA_COREDUMP_BEFORE_CRASH default true (srt/environ.py:401-402).
+CRASH_DIAGNOSTICS_SLEEP = 5.0
+
+
+def reload_weights(seconds: float) -> None:
+    """A start after the first reads the weights again: SECONDS of tqdm frames of 0.5.23's safetensors loader
+    (model_loader/weight_utils.py:1164-1170, utils/common.py:1414 BAR_FORMAT), one shard a second, joined by \\r as
+    TP0 writes them, so the log grows all along (the kit's stall watchdog reads a quiet log as a hang)."""
+    total = max(1, round(seconds))
+    began = time.monotonic()
+    for n in range(total + 1):
+        elapsed = int(time.monotonic() - began)
+        left = max(0, total - n)
+        sys.stdout.write(
+            ("\r" if n else "")
+            + f"Loading safetensors checkpoint shards: {int(100 * n / total):3d}% Completed | "
+            f"{n}/{total} [{elapsed // 60:02d}:{elapsed % 60:02d}<{left // 60:02d}:{left % 60:02d},  1.00it/s]"
+        )
+        sys.stdout.flush()
+        if n < total:
+            time.sleep(seconds / total)
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+
+
+def arm_crash() -> None:
+    """crash-verifying: this start's scheduler dies at the CRASH_AFTER-th chat request (the first start only, its
+    own marker so that crash-once's never answers for it); crash-verifying-always: on every start."""
+    if "crash-verifying-always" in MODES or ("crash-verifying" in MODES and first_start(CRASHED_ONCE)):
+        CRASH["at"] = CRASH_AFTER
+
+
+def chat_received() -> bool:
+    """Count a chat completion request of a ready server; True for the one the armed scheduler dies on."""
+    if CRASH["at"] is None or not STATE["ready"]:
+        return False
+    with CRASH_LOCK:
+        CRASH["chats"] += 1
+        return CRASH["chats"] == CRASH["at"]
+
+
+def scheduler_crash() -> None:
+    """The scheduler dies (a SIGKILL: an OOM kill, a fault in a kernel) and the server ends as SGLang 0.5.23 ends it,
+    its lines in order:
+    - utils/watchdog.py:216-221, SubprocessWatchdog._check_processes (engine.py:1310-1316 names it scheduler_i):
+      f"Subprocess {name} (pid={proc.pid}) crashed with exit code {proc.exitcode}. Triggering SIGQUIT for cleanup...",
+      then os.kill(os.getpid(), signal.SIGQUIT);
+    - managers/tokenizer_manager.py:4072-4081, SignalHandler.running_phase_sigquit_handler, which the loop's
+      add_signal_handler calls with no arguments (tokenizer_manager.py:2457-2459):
+      f"SIGQUIT received. {signum=}, {frame=}. It usually means one child failed.";
+    - dump_requests_before_crash (tokenizer_manager.py:3481-3506): "Sleeping 5 seconds before crash diagnostics to let
+      GPU activity settle.", then, no scheduler left alive (the double's one), "No live scheduler processes found;
+      skipping py-spy and CUDA coredump.";
+    - utils/common.py:2523-2526 and 2549-2552, kill_process_tree(os.getpid()): f"kill_process_tree called:
+      parent_pid={parent_pid}, include_parent={include_parent}, pid={os.getpid()}", then itself.kill(): the server
+      ends by SIGKILL.
+    Meanwhile no request gets an answer (none comes from a dead scheduler) and /health gets no output. (The real
+    watchdog polls every 1 s, watchdog.py:181: its line may come up to 1 s after the death; here at once.)"""
+    CRASH["crashed"] = True
+    child = SCHEDULERS[0]
+    child.kill()
+    child.wait()
+    log(
+        f"Subprocess scheduler_0 (pid={child.pid}) crashed with exit code {child.returncode}. "
+        "Triggering SIGQUIT for cleanup..."
+    )
+    log("SIGQUIT received. signum=None, frame=None. It usually means one child failed.")
+    log("Sleeping 5 seconds before crash diagnostics to let GPU activity settle.")
+    time.sleep(CRASH_DIAGNOSTICS_SLEEP)
+    log("No live scheduler processes found; skipping py-spy and CUDA coredump.")
+    log(f"kill_process_tree called: parent_pid={os.getpid()}, include_parent=True, pid={os.getpid()}")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def unanswered() -> None:
+    """A request while the scheduler is dead: it waits for an output that never comes, until the server dies."""
+    while True:
+        time.sleep(3600)
 
 
 CAPITALS = {"france": "Paris", "japan": "Tokyo", "italy": "Rome", "egypt": "Cairo", "canada": "Ottawa"}
@@ -398,6 +495,11 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         if not self.authorized():
             return
+        chat = self.path.split("?")[0] == "/v1/chat/completions"
+        if CRASH["crashed"]:
+            unanswered()
+        if chat and chat_received():
+            scheduler_crash()
         rid = uuid.uuid4().hex
         IN_FLIGHT.add(rid)
         running(+1)
@@ -410,6 +512,8 @@ class Handler(BaseHTTPRequestHandler):
                     held = self.box_tokens()
                     BOX[0].admit(held)
                 time.sleep(SERVE_SECONDS)
+                if CRASH["crashed"]:  # the batch it ran in died with the scheduler
+                    unanswered()
                 self.post()
         finally:
             if held:
@@ -731,6 +835,8 @@ def scheduler_steps() -> None:
         if "stuck" in MODES and time.time() >= stuck_at:
             time.sleep(3600)
         time.sleep(STEP)
+        if CRASH["crashed"]:  # a dead scheduler sends no output
+            unanswered()
         STATE["last_receive"] = time.time()
 
 
@@ -747,6 +853,7 @@ def main() -> None:
     args = parse_args(sys.argv[1:])
     child = subprocess.Popen([sys.executable, __file__, "--scheduler-child"])
     SCHEDULERS.append(child)
+    arm_crash()
     startup(args)  # loading and capture: SIGTERM's default action ends the process here
     if "box" in MODES:
         BOX.append(sglang_box.Pool(CAPACITY_TOKENS, args.cuda_graph_max_bs_decode or 512, log))
