@@ -21,6 +21,7 @@ liveness, which fails on the same hang, is the backstop (README: Restarts). Spea
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import sys
@@ -229,7 +230,11 @@ def tick(values: Mapping[str, Any], rpc: Supervisor) -> None:
         give_up(int(failed.get("code", FAILED)), values, rpc)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    # Run by supervisord alone (entrypoint/supervisord.conf [eventlistener:lifecycle]); --help says what it is.
+    argparse.ArgumentParser(
+        prog="entrypoint/lifecycle", description=(__doc__ or "").split("\n\n")[0]
+    ).parse_args(argv)
     try:
         values, _problems = state.supervised(os.environ)  # what preflight recorded failed.json under
     except Problems as err:

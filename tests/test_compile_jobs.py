@@ -34,9 +34,14 @@ def test_the_server_gets_max_jobs_sized_from_the_memory(tmp_path: Path) -> None:
     done = serve_printing_max_jobs(tmp_path)
     assert done.returncode == 0, done.stderr
     memory, source = compile_jobs.memory_mib()
-    expected = compile_jobs.sized(memory, 10_627, len(os.sched_getaffinity(0)))
+    assert memory is not None
+    held, _what = compile_jobs.server_held_mib()
+    expected = compile_jobs.sized(max(0, memory - held), 10_627, len(os.sched_getaffinity(0)))
     assert f"max_jobs=[{expected}]" in done.stdout
-    assert f"MAX_JOBS={expected} for run-time compiles: {memory:,} MiB ({source})" in done.stderr
+    assert (
+        f"MAX_JOBS={expected} for run-time compiles: {memory:,} MiB ({source}) less {held:,} MiB"
+        in done.stderr
+    )
     record = json.loads((tmp_path / "run/launch.json").read_text())
     assert record["env"]["MAX_JOBS"] == str(expected) and record["env_from"]["MAX_JOBS"] == "memory"
 
@@ -78,8 +83,21 @@ def test_max_jobs_is_the_memory_over_ten_gib_a_job(
     files["meminfo"].write_text(f"MemTotal:       {total_gib * 1024 * 1024} kB\nMemFree: 1 kB\n")
     memory = compile_jobs.memory_mib(files["v2"], files["v1"], files["meminfo"])
     assert memory[1] == source
-    assert compile_jobs.chosen({}, cores, memory)[0] == str(jobs)
+    nothing_held = (0, "nothing")
+    assert compile_jobs.chosen({}, cores, memory, nothing_held)[0] == str(jobs)
     assert compile_jobs.chosen({"MAX_JOBS": "5"}, cores, memory) == ("5", "environment")
+
+
+def test_max_jobs_leaves_the_running_servers_memory_alone() -> None:
+    """The pod (glm5.toml: memory_limit 192Gi, a 64Gi Memory /dev/shm, 8 ranks): 8 jobs, not the 18 the whole limit
+    would give, and the dry run's reason says why."""
+    pod = (192 * 1024, "the cgroup's memory limit")
+    held = compile_jobs.server_held_mib(shm=64 * 1024)
+    assert held[0] == 8 * 5120 + 64 * 1024
+    jobs, why = compile_jobs.chosen({}, 128, pod, held)
+    assert jobs == "8" and compile_jobs.chosen({}, 128, pod, (0, "nothing"))[0] == "18"
+    assert "less 106,496 MiB the running server holds (8 ranks x 5,120 MiB (an estimate)" in why
+    assert compile_jobs.shm_mib(Path("/nonexistent")) == 0 and compile_jobs.shm_mib() > 0
 
 
 def test_flashinfers_own_ninja_runs_with_the_kits_max_jobs(tmp_path: Path) -> None:
@@ -88,7 +106,7 @@ def test_flashinfers_own_ninja_runs_with_the_kits_max_jobs(tmp_path: Path) -> No
     ninja.parent.mkdir()
     ninja.write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/args\n')
     ninja.chmod(0o755)
-    jobs, _why = compile_jobs.chosen({}, 128, (192 * 1024, "the cgroup's memory limit"))
+    jobs, _why = compile_jobs.chosen({}, 128, (192 * 1024, "the cgroup's memory limit"), (0, "nothing"))
     script = (
         "from pathlib import Path; from flashinfer.jit import cpp_ext; "
         f"cpp_ext.run_ninja(Path({str(tmp_path / 'w')!r}), Path({str(tmp_path / 'build.ninja')!r}), False)"
