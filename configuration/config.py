@@ -119,8 +119,11 @@ def sglang_aliases() -> list[list[str]]:
 
 def owned_names(config: Mapping[str, Any]) -> dict[str, str]:
     """Flags the configuration sets, by the name it writes, with what sets them."""
-    owned = {s.flag: s.name for s in settings.declarations(config).values() if s.flag}
-    owned["--api-key"] = "GLM5_API_KEY or GLM5_API_KEY_FILE"
+    owned = {
+        s.flag: f"{s.name} or {s.name}_FILE" if s.kind == "secret" else s.name
+        for s in settings.declarations(config).values()
+        if s.flag
+    }
     owned[CONFIG_FLAG] = "nothing: the kit writes the server's config file (it holds the API key)"
     owned |= {f["name"]: f["owned_by"] for f in config["flag"] if "owned_by" in f}
     return owned
@@ -174,6 +177,16 @@ def resolve(environ: Mapping[str, str], config: Mapping[str, Any] | None = None)
     argv = list(SERVER_PROGRAM)
     secret_options: dict[str, str] = {}
     for flag in config["flag"]:
+        if "setting" in flag:  # the setting's value, left out while unset; a secret only in the config file
+            setting = decls[flag["setting"]]
+            value = values[setting.key]
+            if value is None or value == "":
+                continue
+            if setting.kind == "secret":
+                secret_options[flag["name"].removeprefix("--")] = str(value)
+            else:
+                argv += [flag["name"], str(value)]
+            continue
         if "value" not in flag:
             argv.append(flag["name"])
             continue
@@ -242,13 +255,16 @@ def flag_value(argv: list[str], flag: str) -> str | None:
 def reference(cfg: Mapping[str, Any]) -> str:
     """The configuration reference (markdown): every flag and environment variable with its reason, then
     every setting. `entrypoint/launch --reference` prints it; ci/render puts it in the README."""
-    shown = {"api_key": "(GLM5_API_KEY)", "max_running_requests": "(GLM5_MAX_RUNNING_REQUESTS)"}
-    values = resolve({}, cfg).values | shown
+    values = resolve({}, cfg).values
+    decls = settings.declarations(cfg)
     lines = ["| flag | value | why |", "|---|---|---|"]
     for flag in cfg["flag"]:
-        lines.append(
-            f"| `{flag['name']}` | `{str(flag.get('value', '')).format(**values)}` | {flag['reason']} |"
-        )
+        if "setting" in flag:
+            found = values[decls[flag["setting"]].key]
+            shown = f"({flag['setting']})" if found is None or found == "" else str(found)
+        else:
+            shown = str(flag.get("value", "")).format(**values)
+        lines.append(f"| `{flag['name']}` | `{shown}` | {flag['reason']} |")
     lines += ["", "| environment | value | why |", "|---|---|---|"]
     for env in cfg["env"]:
         lines.append(

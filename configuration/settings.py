@@ -145,8 +145,22 @@ def load_config(path: Path = CONFIG_PATH) -> dict[str, Any]:
 
 
 def declarations(config: Mapping[str, Any] | None = None) -> dict[str, Setting]:
+    """Every [setting.NAME], each with the flag it owns: its own `flag` (a flag its `flags` emit), or the [[flag]]
+    that names it as its `setting` (each option declared once: a second declaration is refused)."""
     config = config or load_config()
-    return {name: Setting(name, spec, config["deployment"]) for name, spec in config["setting"].items()}
+    found = {name: Setting(name, spec, config["deployment"]) for name, spec in config["setting"].items()}
+    for flag in config["flag"]:
+        name = flag.get("setting")
+        if name is None:
+            continue
+        if name not in found or "value" in flag or found[name].flag is not None:
+            raise Problem(
+                f"glm5.toml [[flag]] {flag['name']}",
+                f"setting = {name!r} is not a setting, or the flag also has a value, or the setting a flag",
+                "declare the option once: [[flag]] with `setting` and no `value`; no `flag` in [setting.NAME]",
+            )
+        found[name].flag = flag["name"]
+    return found
 
 
 def read_secret(environ: Mapping[str, str], name: str) -> str | None:

@@ -41,9 +41,10 @@ def test_a_bad_default_in_the_source_is_refused_not_dropped() -> None:
 
 
 def test_a_flag_whose_value_is_unset_is_refused_unless_optional() -> None:
-    cfg = cfg_with(lambda c: c["setting"]["GLM5_MEM_FRACTION_STATIC"].update(default=""))
-    assert any("--mem-fraction-static" in p and "is unset" in p for p in problems_of({}, cfg))
-    argv = config.resolve({}).argv  # --max-running-requests is optional and unset by default
+    unset = {"name": "--max-total-tokens", "value": "{max_running_requests}", "reason": "a template left unset"}
+    cfg = cfg_with(lambda c: c["flag"].append(unset))
+    assert any("--max-total-tokens" in p and "is unset" in p for p in problems_of({}, cfg))
+    argv = config.resolve({}).argv  # a setting's flag is left out while the setting is unset
     assert "--max-running-requests" not in argv and "--api-key" not in argv
 
 
@@ -292,3 +293,18 @@ def test_a_short_api_key_is_refused() -> None:
     assert problems_of({"GLM5_API_KEY": "abc"}) == [
         "GLM5_API_KEY: is 3 characters long; fix: use at least 16 random characters (openssl rand -hex 24)"
     ]
+
+
+def test_each_server_option_is_declared_once() -> None:
+    """A setting's flag is the [[flag]] that names it (its value, optional while unset, secret by its kind), never a
+    second `flag` in [setting.NAME]: glm5.toml had eight declared twice and one owner corrected by hand."""
+    cfg = settings.load_config()
+    names = [f["name"] for f in cfg["flag"]]
+    own = [spec["flag"] for spec in cfg["setting"].values() if "flag" in spec]
+    assert len(names) == len(set(names)) and not set(names) & set(own), set(names) & set(own)
+    owners = {s.flag: s.name for s in settings.declarations(cfg).values() if s.flag}
+    assert owners["--api-key"] == "GLM5_API_KEY" and owners["--model-path"] == "GLM5_MODEL_DIR"
+    twice = copy.deepcopy(cfg)
+    twice["setting"]["GLM5_MODEL_DIR"]["flag"] = "--model-path"
+    with pytest.raises(report.Problem, match="declare the option once"):
+        settings.declarations(twice)
