@@ -54,6 +54,30 @@ def declared(model: str) -> set[str]:
     return set(re.findall(r"^\s+\"?([A-Za-z]+)\"?\??: ", text, re.M))
 
 
+def settings_of(objects: dict[tuple[str, str], dict[str, Any]], kind: str, name: str) -> dict[str, str]:
+    """The GLM5_* environment of the object's first container: its ConfigMaps (envFrom), then its own env."""
+    container = objects[(kind, name)]["spec"]["template"]["spec"]["containers"][0]
+    found: dict[str, str] = {}
+    for source in container.get("envFrom", []):
+        found |= objects[("ConfigMap", source["configMapRef"]["name"])].get("data", {})
+    found |= {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+    return {k: v for k, v in found.items() if k.startswith("GLM5_")}
+
+
+@pytest.mark.parametrize("overlay", ["gateway", "gateway-autoscaling"])
+def test_the_gateway_sizes_admission_from_the_settings_the_replicas_run_with(overlay: str) -> None:
+    """One ConfigMap (glm5-settings) for both: an operator's setting on the replicas reaches the gateway's admission
+    (it once had only its namespace and key, and sized from glm5.toml's defaults whatever the replicas ran)."""
+    objects = {
+        (o["kind"], o["metadata"]["name"]): o for o in k8s.objects(ROOT / "k8s" / "overlays" / overlay)
+    }
+    server, gateway = (
+        settings_of(objects, "StatefulSet", "glm5"),
+        settings_of(objects, "Deployment", "glm5-gateway"),
+    )
+    assert server == gateway and "GLM5_VERIFY" in server, (server, gateway)
+
+
 def test_every_key_of_the_scaled_object_is_one_keda_declares() -> None:
     spec = scaled_object()["spec"]
     assert set(spec) <= declared("ScaledObjectSpec"), set(spec) - declared("ScaledObjectSpec")
@@ -120,10 +144,9 @@ def test_each_replica_runs_at_most_its_capacity_and_the_gateway_admits_for_the_m
     tmp_path: Path,
 ) -> None:
     objects = built()
-    server = objects[("StatefulSet", "glm5")]["spec"]["template"]["spec"]["containers"][0]
-    env = {e["name"]: e.get("value") for e in server["env"]}
+    env = settings_of(objects, "StatefulSet", "glm5")
     assert env["GLM5_MAX_RUNNING_REQUESTS"] == str(capacity())
-    assert env["GLM5_API_KEY_FILE"]  # the base's env kept: the patch merges by name
+    assert env["GLM5_API_KEY_FILE"]  # the base's env kept
     gateway = objects[("Deployment", "glm5-gateway")]["spec"]["template"]["spec"]["containers"][0]
     args = gateway["args"]
     assert args[:3] == ["gateway", "--kubernetes", "$(POD_NAMESPACE)"]
