@@ -41,7 +41,11 @@ def test_a_bad_default_in_the_source_is_refused_not_dropped() -> None:
 
 
 def test_a_flag_whose_value_is_unset_is_refused_unless_optional() -> None:
-    unset = {"name": "--max-total-tokens", "value": "{max_running_requests}", "reason": "a template left unset"}
+    unset = {
+        "name": "--max-total-tokens",
+        "value": "{max_running_requests}",
+        "reason": "a template left unset",
+    }
     cfg = cfg_with(lambda c: c["flag"].append(unset))
     assert any("--max-total-tokens" in p and "is unset" in p for p in problems_of({}, cfg))
     argv = config.resolve({}).argv  # a setting's flag is left out while the setting is unset
