@@ -44,10 +44,21 @@ class Connection:
     api_key: str | None
 
 
-def connection(environ: Mapping[str, str], url: str | None = None) -> Connection:
+CONTAINER_ENV = (
+    "glm5.env"  # the container's settings, beside docker-compose.yml (the quick start puts the key there)
+)
+
+
+def connection(environ: Mapping[str, str], url: str | None = None, root: Path = ROOT) -> Connection:
     """The server's base URL (default: this host's published port) and API key; raises report.Problems.
-    Host settings come from the kit's .env as docker compose reads them, the shell winning."""
-    values = settings.resolve(settings.host_environment(environ, ROOT), where="ci")
+    Host settings come from the kit's .env as docker compose reads them, the shell winning; the key, when neither
+    sets one, from glm5.env, where the quick start writes it (its GLM5_API_KEY_FILE names a path inside the
+    container: a key file on this host goes in the shell or .env)."""
+    host = settings.host_environment(environ, root)
+    if not any(host.get(k, "").strip() for k in ("GLM5_API_KEY", "GLM5_API_KEY_FILE")):
+        key = settings.read_dotenv(root / CONTAINER_ENV).get("GLM5_API_KEY", "").strip()
+        host |= {"GLM5_API_KEY": key} if key else {}
+    values = settings.resolve(host, where="ci")
     base = url or f"http://127.0.0.1:{values['host_port']}"
     return Connection(base.rstrip("/"), values["api_key"])
 

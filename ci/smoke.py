@@ -8,7 +8,7 @@ chat_stream, completion, tool_call, reasoning, verification (verify/: the set th
 wrongly), decode_speed; and metrics (plain HTTP: not an OpenAI route).
 Reports time to ready, time to first token and single-stream decode tokens/s as a summary, as JSON
 (smoke.json) and as JUnit XML (smoke.xml) in --report-dir. The URL, port and API key follow
-ci/readiness.py (GLM5_HOST_PORT, GLM5_API_KEY or GLM5_API_KEY_FILE).
+ci/readiness.py (GLM5_HOST_PORT, GLM5_API_KEY or GLM5_API_KEY_FILE from the shell or .env, else glm5.env's key).
 Exit codes (common/report.py): 0 all checks passed, 1 a check failed, 3 an invalid setting,
 4 the server never became ready.
 """
@@ -268,7 +268,7 @@ def main() -> int:
     )
     parser.add_argument(
         "--api-key",
-        help="bearer key (default: GLM5_API_KEY or GLM5_API_KEY_FILE; prefer those: argv is visible in ps)",
+        help="bearer key (default: GLM5_API_KEY or GLM5_API_KEY_FILE, else glm5.env's GLM5_API_KEY; prefer those: argv is visible in ps)",
     )
     parser.add_argument(
         "--metrics-url",

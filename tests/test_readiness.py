@@ -110,6 +110,18 @@ def test_the_connection_follows_the_host_settings(tmp_path: Any) -> None:
     assert readiness.connection({}, "http://h:1/").url == "http://h:1"
 
 
+def test_the_key_the_quick_start_writes_to_glm5_env_is_the_host_tools_key(tmp_path: Any) -> None:
+    """The quick start puts GLM5_API_KEY in glm5.env (the container's settings): ci/smoke --url in a new shell sent
+    no key and failed 8 of 9 checks with 401. The shell and .env still win."""
+    (tmp_path / "glm5.env").write_text("GLM5_VERIFY=enforce\nGLM5_API_KEY=k-from-glm5-env-0123\n")
+    assert readiness.connection({}, root=tmp_path).api_key == "k-from-glm5-env-0123"
+    shell = readiness.connection({"GLM5_API_KEY": "k-from-the-shell-0123"}, root=tmp_path)
+    assert shell.api_key == "k-from-the-shell-0123"
+    (tmp_path / ".env").write_text("GLM5_API_KEY=k-from-dot-env-012345\n")
+    assert readiness.connection({}, root=tmp_path).api_key == "k-from-dot-env-012345"
+    assert readiness.connection({}, root=tmp_path / "none").api_key is None
+
+
 def test_a_local_target_boots_each_variant_with_its_own_settings_only(tmp_path: Any) -> None:
     target = readiness.Local(
         readiness.Connection("http://127.0.0.1:9", None), {"BASE": "1"}, tmp_path / "out"
