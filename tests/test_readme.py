@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -256,20 +257,31 @@ def test_the_quick_starts_settings_step_reaches_compose_and_the_container(tmp_pa
 
 @pytest.mark.boots
 def test_the_first_request_answers_a_chat_completion(tmp_path: Path, containers: list[Container]) -> None:
-    """Step 5's curl as written, with the key exported as step 2 leaves it, against the container (the double):
-    a chat.completion whose choices[0].message.content holds the reply."""
+    """Step 5's curl as written, with the key exported as step 2 leaves it, against the container (the double, in its
+    mode that honours max_tokens and thinks at length as GLM-5 does): a chat.completion whose
+    choices[0].message.content holds the reply. The same request with thinking on, as step 5 once sent it, answers
+    nothing in content within 64 tokens (its thought cut: finish_reason length), which is why the step turns it off
+    and says so. Where the thought goes is SGLang 0.5.23's glm45 parser's doing (tests/test_verify.py runs it)."""
     key = "0123456789abcdef" * 3
-    c = start(tmp_path, GLM5_API_KEY=key)
+    c = start(tmp_path, "worded-otherwise", GLM5_API_KEY=key)
     containers.append(c)
     c.wait_healthy()
     block = shell_block("5. **First request**")
-    assert "127.0.0.1:30000" in block
-    done = subprocess.run(["bash", "-euo", "pipefail", "-c", block.replace(":30000", f":{c.port}")],
-                          env=os.environ | {"GLM5_API_KEY": key}, capture_output=True, text=True, check=False,
-                          timeout=60)  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    answer = json.loads(done.stdout)
+    assert "127.0.0.1:30000" in block and '"enable_thinking": false' in block
+
+    def run(script: str) -> dict[str, Any]:
+        done = subprocess.run(["bash", "-euo", "pipefail", "-c", script.replace(":30000", f":{c.port}")],
+                              env=os.environ | {"GLM5_API_KEY": key}, capture_output=True, text=True, check=False,
+                              timeout=60)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        answer: dict[str, Any] = json.loads(done.stdout)
+        return answer
+
+    answer = run(block)
     assert answer["object"] == "chat.completion" and answer["choices"][0]["message"]["content"].strip()
+    thinking = run(block.replace('"enable_thinking": false', '"enable_thinking": true'))["choices"][0]
+    assert thinking["message"]["content"] == "" and thinking["finish_reason"] == "length", thinking
+    assert thinking["message"]["reasoning_content"], thinking
 
 
 def exit_code_tools(code: str) -> list[str]:
