@@ -117,13 +117,17 @@ def sglang_aliases() -> list[list[str]]:
     return aliases
 
 
+def owner(setting: settings.Setting) -> str:
+    """How to set a flag a setting owns: the setting, or for one fixed at its rendered value (GLM5_PORT, refused at
+    any other), glm5.toml."""
+    if setting.rendered:
+        return f"glm5.toml's value of {setting.name}, rendered into {setting.rendered} (change it there, then ci/render)"
+    return f"{setting.name} or {setting.name}_FILE" if setting.kind == "secret" else setting.name
+
+
 def owned_names(config: Mapping[str, Any]) -> dict[str, str]:
     """Flags the configuration sets, by the name it writes, with what sets them."""
-    owned = {
-        s.flag: f"{s.name} or {s.name}_FILE" if s.kind == "secret" else s.name
-        for s in settings.declarations(config).values()
-        if s.flag
-    }
+    owned = {s.flag: owner(s) for s in settings.declarations(config).values() if s.flag}
     owned[CONFIG_FLAG] = "nothing: the kit writes the server's config file (it holds the API key)"
     owned |= {f["name"]: f["owned_by"] for f in config["flag"] if "owned_by" in f}
     return owned

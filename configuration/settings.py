@@ -281,7 +281,7 @@ def unknown_or_removed(
                 Problem(
                     name,
                     "is not a setting of glm5-serve",
-                    f"{hint}see the README's configuration table, or unset it",
+                    f"{hint}see docs/reference.md's settings table (entrypoint/launch --reference), or unset it",
                 )
             )
     return problems
@@ -328,7 +328,7 @@ def host_environment(environ: Mapping[str, str], root: Path) -> dict[str, str]:
 
 
 def reference(config: Mapping[str, Any] | None = None) -> str:
-    """The README's configuration table (markdown)."""
+    """docs/reference.md's settings table (markdown)."""
     rows = ["| variable | default | where | meaning |", "|---|---|---|---|"]
     for s in declarations(config).values():
         name = f"`{s.name}` / `{s.name}_FILE`" if s.kind == "secret" else f"`{s.name}`"

@@ -62,7 +62,7 @@ def test_a_removed_variable_names_its_replacement() -> None:
 def test_an_unknown_variable_is_refused_with_the_nearest_name() -> None:
     assert problems_of({"GLM5_DRAIN_SECOND": "5"}) == [
         "GLM5_DRAIN_SECOND: is not a setting of glm5-serve; fix: did you mean GLM5_DRAIN_SECONDS? "
-        "see the README's configuration table, or unset it"
+        "see docs/reference.md's settings table (entrypoint/launch --reference), or unset it"
     ]
 
 
@@ -112,7 +112,7 @@ def test_every_flag_the_configuration_owns_is_refused_in_extra_args(flag: str) -
 
 def test_each_setting_owns_its_flag() -> None:
     owned = config.owned_flags(settings.load_config())
-    assert owned["--port"] == "GLM5_PORT" and owned["--speculative-algorithm"] == "GLM5_SPECULATIVE"
+    assert "GLM5_PORT" in owned["--port"] and owned["--speculative-algorithm"] == "GLM5_SPECULATIVE"
     assert owned["--tp-size"].startswith("nothing") and owned["--api-key"].startswith("GLM5_API_KEY")
 
 
@@ -312,3 +312,11 @@ def test_each_server_option_is_declared_once() -> None:
     twice["setting"]["GLM5_MODEL_DIR"]["flag"] = "--model-path"
     with pytest.raises(report.Problem, match="declare the option once"):
         settings.declarations(twice)
+
+
+def test_a_flag_owned_by_a_rendered_setting_names_glm5_toml_not_the_refused_variable() -> None:
+    """`--port` in GLM5_EXTRA_ARGS once said "use GLM5_PORT", which is then refused (fixed at its rendered value)."""
+    (found,) = problems_of({"GLM5_EXTRA_ARGS": "--port 31000"})
+    assert "use glm5.toml's value of GLM5_PORT" in found and "then ci/render" in found, found
+    (other,) = problems_of({"GLM5_EXTRA_ARGS": "--served-model-name x"})
+    assert other.endswith("fix: use GLM5_SERVED_MODEL_NAME"), other
