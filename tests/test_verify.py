@@ -568,3 +568,19 @@ def test_the_whole_set_runs_once_more_before_a_start_is_called_wrong() -> None:
     always = run.settled(asker({"tool-madrid"}), "glm-5", pause=0)
     assert not always["passed"] and always["runs"] == 2 and always["verdict"] == "wrong"
     assert run.settled(asker(), "glm-5", pause=0)["runs"] == 1  # a pass is not asked twice
+
+
+def test_the_readme_describes_the_verification_set_as_it_is() -> None:
+    """It once said the facts ran in batches too (they run alone) and left the counts out."""
+    kinds = Counter((i.kind, i.batch) for i in items.generate())
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    said = (
+        f"{sum(kinds.values())} items from a fixed seed: {kinds['fact', 1]} facts, arithmetic alone "
+        f"({kinds['arithmetic', 1]}) and in batches of 8 and 32, a planted code retrieved from 1.5k to 32k tokens "
+        f"({kinds['retrieval', 1]}), JSON through SGLang's structured output ({kinds['json', 1]}), "
+        f"{kinds['tool', 1]} tool calls, {kinds['reasoning', 1]} reasoning answer)"
+    )
+    assert said in readme, said
+    assert set(kinds) == {("fact", 1), ("arithmetic", 1), ("arithmetic", 8), ("arithmetic", 32), ("retrieval", 1),
+                          ("json", 1), ("tool", 1), ("reasoning", 1)}  # fmt: skip
+    assert kinds["arithmetic", 8] == 8 and kinds["arithmetic", 32] == 32
