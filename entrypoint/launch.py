@@ -276,7 +276,6 @@ SUPERVISOR_KEYS = (
     "on_failure",
     "log_dir",
     "state_dir",
-    "start_seconds",
     "start_retries",
     "drain_seconds",
     "log_max_bytes",

@@ -3,11 +3,11 @@ start on the one recorder of a start's failure (failed.json, configuration/state
 refusal, before the first start):
 - preflight passed, so start the server (over supervisord's XML-RPC); preflight died without recording why, so record
   it.
-- The server ended by itself (supervisord's EXITED, or BACKOFF for an exit within GLM5_START_SECONDS): a start that
-  was verified (ready) is restarted; one that ended before it was verified (a crash while loading, capturing or
-  answering the verification set) is counted across starts (hangs.json, whatever its age) and restarted,
-  GLM5_START_RETRIES times in a row at most; then the kit gives up with the crash's kind (exit code 70). supervisord
-  never restarts the server itself (autorestart=false), so no start can begin behind this decision.
+- The server ended by itself (supervisord's EXITED): a start that was verified (ready) is restarted; one that ended
+  before it was verified (a crash while loading, capturing or answering the verification set) is counted across
+  starts (hangs.json, whatever its age) and restarted, GLM5_START_RETRIES times in a row at most; then the kit gives
+  up with the crash's kind (exit code 70). supervisord never restarts the server itself (autorestart=false and
+  startsecs=0: no BACKOFF, whose retries would ignore autorestart), so no start can begin behind this decision.
 - Each TICK_5, the healthcheck's own verdict on the current start (healthcheck/probe.py, from the log and the state
   folder, the tail read once): a start judged failed for a reason a restart cannot clear (a short capture, wrong or
   inconclusive answers: common/report.py FAILURES, `restart` False) is recorded with its kind and exit code; a start
@@ -94,16 +94,25 @@ def was_verified(scan: logscan.Scan, verified: Mapping[str, Any] | None, verify:
     return mine and (verify == "report" or bool(verified and verified.get("passed")))
 
 
-def ended(values: Mapping[str, Any], rpc: Supervisor, restart: bool) -> str:
+def ended_start(state_dir: str | Path, log_dir: str | Path) -> logscan.Scan:
+    """The facts of the start whose server just ended: the log's tail merged with what was kept of it (capture.json:
+    a serving start's own lines leave the tail within hours)."""
+    return probe.merged(
+        logscan.scan(tail(log_dir)), state.read_launch(state_dir), state.read_capture(state_dir)
+    )
+
+
+def ended(values: Mapping[str, Any], rpc: Supervisor, restart: bool = True) -> str:
     """The server of the latest start ended by itself (supervisord restarts nothing: `restart` says whether to start
-    it again here; False for BACKOFF, which supervisord retries itself). What followed: RESTARTED, STOPPED (given up)
-    or "" (nothing to do)."""
+    it again here). What followed: RESTARTED, STOPPED (given up) or "" (nothing to do)."""
     state_dir = values["state_dir"]
     if given_up(state_dir):
         return ""
-    scan = logscan.scan(tail(values["log_dir"]))
+    scan = ended_start(state_dir, values["log_dir"])
     start = scan.start or (state.read_launch(state_dir) or {}).get("start") or state.starts_made(state_dir)
-    if not was_verified(scan, state.read_verified(state_dir), values["verify"]):
+    if was_verified(scan, state.read_verified(state_dir), values["verify"]):
+        state.clear_hangs(state_dir)  # a verified start ends the row, whether or not a tick saw it ready
+    else:
         kind, why = phase.crash(scan)
         retries = int(values["start_retries"])
         count = state.count_unverified_end(state_dir, start, kind, why)
@@ -145,11 +154,11 @@ def on_event(name: str, event: Mapping[str, str], values: Mapping[str, Any], rpc
                 code,
             )
         give_up(code, values, rpc)
-    elif process == SERVER and name in ("PROCESS_STATE_EXITED", "PROCESS_STATE_BACKOFF"):
-        ended(values, rpc, restart=name == "PROCESS_STATE_EXITED")
+    elif process == SERVER and name == "PROCESS_STATE_EXITED":
+        ended(values, rpc)
     elif name == "PROCESS_STATE_FATAL" and process == SERVER and not given_up(state_dir):
-        # supervisord's own count of exits within GLM5_START_SECONDS ran out before this listener's: the same end.
-        scan = logscan.scan(tail(values["log_dir"]))
+        # Only a server program supervisord cannot spawn (startsecs=0: no exit is a BACKOFF), its retries spent.
+        scan = ended_start(state_dir, values["log_dir"])
         kind, why = phase.crash(scan)
         reason = (
             f"{SERVER} went FATAL: it exited during start more than GLM5_START_RETRIES times; the last: {why}"
@@ -169,8 +178,8 @@ def watch(rpc: Supervisor, judge: Callable[[], Verdict | None], state_dir: str, 
     if given_up(state_dir) or rpc.getProcessInfo(SERVER).get("statename") not in ("STARTING", "RUNNING"):
         return None
     found = judge()
-    if found is None:
-        return None
+    if found is None or (found.start is not None and found.start < state.starts_made(state_dir)):
+        return None  # an earlier start's log: the latest has begun and not printed its marker yet
     if found.phase is Phase.READY and state.path(state_dir, state.HANGS).exists():
         state.clear_hangs(state_dir)
     if found.phase is Phase.FAILED and not found.hung and found.failure_kind in FAILURE:

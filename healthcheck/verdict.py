@@ -45,7 +45,10 @@ class Phase(StrEnum):
 # (what is happening, typical time on 8x RTX PRO 6000): the README's phase table is rendered from this (ci/render).
 MEANING: dict[Phase, tuple[str, str]] = {
     Phase.STARTING: ("preflight passed, the server is importing and setting up NCCL", "< 1 min"),
-    Phase.LOADING: ("~57 GB of weights per GPU", "1 min warm, far longer from a cold disk"),
+    Phase.LOADING: (
+        "~57 GB of weights per GPU",
+        "~7 min at 1 GB/s cold; ~1 min only with all 410 GB in the host's page cache (docs/reference.md: Sizing)",
+    ),
     Phase.AUTOTUNING: (
         "FlashInfer tunes its MoE kernels before capture, silent until it ends (`GLM5_AUTOTUNE_STALL_SECONDS`)",
         "minutes (an estimate)",

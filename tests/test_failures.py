@@ -17,7 +17,7 @@ from common.report import FAILURE, FAILURES
 from configuration import state
 from conftest import ROOT
 from entrypoint import launch, lifecycle
-from healthcheck import probe
+from healthcheck import logscan, probe
 from healthcheck.verdict import Verdict
 from helpers.judging import judged
 from monitoring import exporter
@@ -161,3 +161,35 @@ def test_a_crash_after_the_start_was_verified_restarts_and_counts_nothing(tmp_pa
         assert lifecycle.ended(run, rpc, restart=True) == lifecycle.RESTARTED
     assert not (tmp_path / state.HANGS).exists() and state.read_failed(tmp_path) is None
     assert rpc.calls == ["start sglang"] * (RETRIES + 2)
+
+
+def test_a_verified_start_whose_lines_left_the_tail_is_still_verified_when_it_crashes(tmp_path: Path) -> None:
+    """Hours of serving push the start's own lines (its ready line) out of the 4 MiB tail: what the tick kept of it
+    (capture.json) says it was ready, so its crash is restarted without counting, and it ends a row of unverified
+    ends (hangs.json) even when no tick saw it ready."""
+    run, rpc = values(tmp_path), FakeSupervisor()
+    (tmp_path / state.STARTS).write_text("2")
+    state.write_launch(tmp_path, {"start": 2, "log_dir": str(tmp_path / "log")})
+    log = tmp_path / "log" / state.SERVER_LOG
+    log.write_bytes(marker(2) + READY_LOG)
+    kept = probe.worth_keeping(probe.merged(logscan.scan(log.read_bytes()), {"start": 2}, None))
+    assert kept is not None
+    state.write_capture(tmp_path, kept)  # as the tick keeps it
+    state.write_verified(tmp_path, {"start": 2, "passed": True})
+    state.count_unverified_end(tmp_path, 1, "sigquit", "start #1 crashed")  # the row before it
+    batch = b"[2026-12-03 10:00:00 TP0] Decode batch, #running-req: 3, #token: 9000, cuda graph: True\n"
+    with log.open("ab") as fh:
+        fh.write(batch * (5 * 2**20 // len(batch)) + CRASH_LINES["sigquit"])
+    assert logscan.scan(logscan.read_tail(log)).start is None  # the tail alone knows nothing of start #2
+    assert lifecycle.ended(run, rpc) == lifecycle.RESTARTED and rpc.calls == ["start sglang"]
+    assert not (tmp_path / state.HANGS).exists() and state.read_failed(tmp_path) is None
+
+
+def test_the_tick_never_acts_on_an_earlier_starts_log(tmp_path: Path) -> None:
+    """Just after a start began, before its marker reaches the log, the tail is the last start's: a verdict of it is
+    not the latest start's, so nothing is recorded or restarted on it."""
+    (tmp_path / state.STARTS).write_text("2")
+    old = JUDGED["decode_short"]()
+    assert old.start == 1 and old.phase == "failed"
+    assert lifecycle.watch(FakeSupervisor(), lambda: old, str(tmp_path), RETRIES) is None
+    assert state.read_failed(tmp_path) is None

@@ -120,6 +120,10 @@ def verify(values: Mapping[str, Any], start: int, ask: run.Ask) -> dict[str, Any
         LOG.warning(
             f"start #{start}: the first run was {first['verdict']} ({'; '.join(first['reasons'])}): ran again"
         )
+    if not still_current(
+        values["state_dir"], start
+    ):  # it ended after the last ask (a stop, a drain): nothing
+        raise run.Abandoned(f"start #{start} ended during its verification")
     if not found["passed"] and values["verify"] == "report":
         LOG.warning(f"start #{start}: verification {found['verdict']}; serving anyway (GLM5_VERIFY=report)")
     state.write_verified(values["state_dir"], record)
