@@ -51,7 +51,7 @@ MARKED = (
     "k8s/base/networkpolicy.yaml",
     "k8s/components/image/kustomization.yaml",
     "k8s/overlays/gateway/kustomization.yaml",
-    "k8s/overlays/data-one-node/kustomization.yaml",
+    "k8s/data-one-node/kustomization.yaml",
     "k8s/overlays/gateway/gateway.yaml",
     "k8s/overlays/gateway/replicas.yaml",
     "k8s/overlays/monitoring/kustomization.yaml",

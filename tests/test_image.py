@@ -59,6 +59,7 @@ def test_the_data_and_the_base_apply_these_objects() -> None:
         d["kind"] for d in yaml.safe_load_all(kustomized(ROOT / "k8s" / "data") + "---\n" + kustomized())
     ]
     assert sorted(kinds) == [
+        "ConfigMap",  # glm5-settings: the server pods' GLM5_* settings, the gateway's too
         "Job",
         "Namespace",
         *["NetworkPolicy"] * 3,

@@ -1,5 +1,5 @@
 """Kubernetes on one GPU node whose storage offers only ReadWriteOnce (local-path, a block class): the weights claim
-asked ReadWriteMany and nothing else rendered, so the Job and glm5-0 stayed Pending. k8s/overlays/data-one-node, or
+asked ReadWriteMany and nothing else rendered, so the Job and glm5-0 stayed Pending. k8s/data-one-node, or
 the component in an overlay of the user's own (outside the checkout, with the storage class it names), renders the
 claim ReadWriteOnce without a file of the kit edited. Rendered with kubectl kustomize."""
 
@@ -21,7 +21,7 @@ def claim(objects: list[dict[str, object]]) -> dict[str, object]:
 
 def test_the_kits_data_asks_read_write_many_and_the_one_node_overlay_read_write_once() -> None:
     assert claim(k8s.objects(ROOT / "k8s" / "data"))["accessModes"] == ["ReadWriteMany"]
-    one = claim(k8s.objects(ROOT / "k8s" / "overlays" / "data-one-node"))
+    one = claim(k8s.objects(ROOT / "k8s" / "data-one-node"))
     assert (
         one["accessModes"] == ["ReadWriteOnce"] and "storageClassName" not in one
     )  # the cluster's default class

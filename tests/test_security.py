@@ -58,7 +58,9 @@ def checkov(*args: str) -> dict[str, Any]:
     }
 
 
-def rendered_folder(tmp: Path, overlays: tuple[str, ...] = ("k8s/data", *OVERLAYS)) -> Path:
+def rendered_folder(
+    tmp: Path, overlays: tuple[str, ...] = ("k8s/data", "k8s/data-one-node", *OVERLAYS)
+) -> Path:
     folder = tmp / "k8s"
     folder.mkdir()
     for overlay in overlays:
@@ -84,7 +86,7 @@ def unjudged_skips(docs: list[dict[str, Any]]) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("overlay", ["k8s/data", *OVERLAYS])
+@pytest.mark.parametrize("overlay", ["k8s/data", "k8s/data-one-node", *OVERLAYS])
 def test_every_scanner_skip_is_one_judged_with_its_reason(overlay: str) -> None:
     assert unjudged_skips(objects(overlay)) == []
     dockerfile = re.findall(r"^# checkov:skip=(\S+): (.*)$", (ROOT / "Dockerfile").read_text(), re.M)
@@ -119,10 +121,7 @@ def pod_specs(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 @pytest.mark.boots
 def test_every_pod_meets_the_restricted_standard_with_read_only_roots_and_memory_limits(overlay: str) -> None:
     docs = objects(overlay)
-    # (the Namespace itself, cluster-scoped, only where the overlay holds the data: data-one-node)
-    assert {d["metadata"].get("namespace") for d in docs if d["kind"] != "Namespace"} == {
-        DEPLOYMENT["namespace"]
-    }
+    assert {d["metadata"].get("namespace") for d in docs} == {DEPLOYMENT["namespace"]}
     (ns,) = [d for d in objects("k8s/data") if d["kind"] == "Namespace"]  # applied first, kept on uninstall
     assert ns["metadata"]["name"] == DEPLOYMENT["namespace"]
     assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
@@ -154,7 +153,7 @@ def test_the_server_memory_limit_holds_its_request_and_shared_memory() -> None:
 
 
 def test_the_kustomizations_name_the_configured_namespace() -> None:
-    for overlay in ("k8s/data", *OVERLAYS):
+    for overlay in ("k8s/data", "k8s/data-one-node", *OVERLAYS):
         assert (
             yaml.safe_load((ROOT / overlay / "kustomization.yaml").read_text())["namespace"]
             == DEPLOYMENT["namespace"]

@@ -83,7 +83,8 @@ def test_a_right_server_is_verifying_then_ready_and_its_build_keeps_the_result(
 
 WRONG_MODES = {  # mode -> the verify/run.py verdict reasons it must produce, and items that must be named
     "garbage-past-length": ("retrieval: wrong retrieval-16000, retrieval-32000", {"retrieval-16000", "retrieval-32000"}),
-    "wrong-in-batches": ("arithmetic at batch 32", {"arithmetic-b8-0", "arithmetic-b32-0"}),
+    # (batch 8's first asks may be answered before the batch fills past the double's 4 on a loaded machine; 32 never)
+    "wrong-in-batches": ("arithmetic at batch 32", {"arithmetic-b32-0", "arithmetic-b32-31"}),
     "mangled-tool-call": ("tool: wrong tool-", {i.id for i in items.generate() if i.kind == "tool"}),
 }  # fmt: skip
 
