@@ -83,8 +83,9 @@ def test_a_right_server_is_verifying_then_ready_and_its_build_keeps_the_result(
 
 WRONG_MODES = {  # mode -> the verify/run.py verdict reasons it must produce, and items that must be named
     "garbage-past-length": ("retrieval: wrong retrieval-16000, retrieval-32000", {"retrieval-16000", "retrieval-32000"}),
-    # (batch 8's first asks may be answered before the batch fills past the double's 4 on a loaded machine; 32 never)
-    "wrong-in-batches": ("arithmetic at batch 32", {"arithmetic-b32-0", "arithmetic-b32-31"}),
+    # (the double answers wrongly while more than 4 are in flight: batch 32's first always is; batch 8's first, or a
+    # batch's last few, may be answered with fewer in flight on a loaded machine: seen in ci/test)
+    "wrong-in-batches": ("arithmetic at batch 32", {"arithmetic-b32-0"}),
     "mangled-tool-call": ("tool: wrong tool-", {i.id for i in items.generate() if i.kind == "tool"}),
 }  # fmt: skip
 
@@ -108,6 +109,8 @@ def test_a_wrong_server_never_turns_ready_and_says_which_items(
     assert reason in found["reason"], found["reason"]
     assert named <= set(found["verification"]["wrong"]), found["verification"]["wrong"]
     assert "fact-france" not in found["verification"]["wrong"]  # only what the mode breaks
+    if mode == "wrong-in-batches":  # the batch of 32 broken wholesale, not one item
+        assert sum(i.startswith("arithmetic-b32-") for i in found["verification"]["wrong"]) >= 16, found
     code, _ = healthcheck_json(c.target.env)
     assert code == 1
     samples = scrape(c)
