@@ -7,7 +7,7 @@ tmpfs: the container's life). One writer per record: after preflight, a start's 
 entrypoint/lifecycle alone (its `record`).
 
 RECORDS below is the table of every record: its writers and readers, its start stamp and its lifetime (docs/internals.md
-renders it; tests/test_start_state.py holds the writers to the code).
+renders it; tests/test_state_records.py holds the writers to the code).
 
 Stdlib only, cheap to import.
 """

@@ -122,9 +122,8 @@ def ended(values: Mapping[str, Any], rpc: Supervisor, restart: bool = True) -> s
                 f"no longer restarts the server; the last: {why}"
             )
             code = record(state_dir, start, kind, reason)
-            with contextlib.suppress(
-                xmlrpc.client.Fault
-            ):  # supervisord may have given up on it already (FATAL)
+            # supervisord may have given up on it already (FATAL)
+            with contextlib.suppress(xmlrpc.client.Fault):
                 rpc.stopProcess(SERVER, False)
             give_up(code, values, rpc)
             return STOPPED
@@ -142,9 +141,8 @@ def on_event(name: str, event: Mapping[str, str], values: Mapping[str, Any], rpc
             rpc.startProcess(SERVER, False)
             return
         code = int(rpc.getProcessInfo(PREFLIGHT).get("exitstatus") or FAILED)
-        if not given_up(
-            state_dir
-        ):  # it died before it could say why (a traceback, a kill): its code, where to look
+        # It died before it could say why (a traceback, a kill): its code, where to look.
+        if not given_up(state_dir):
             refused = state.starts_made(state_dir) + 1
             record(
                 state_dir,

@@ -165,29 +165,24 @@ def on_the_way(scan: Scan) -> Phase:
     return Phase.STARTING
 
 
+def fewer(captured: int | None, expected: int | None) -> bool:
+    """Fewer graphs captured than expected, both known."""
+    return captured is not None and expected is not None and captured < expected
+
+
 def shortfall(scan: Scan, captured: Counts, expected: Counts, accept_partial: bool) -> tuple[str, str] | None:
     """A capture that ended with fewer graphs than the start asks for, or a ready line without one: its kind and
     reason (None: none, or accepted with GLM5_ACCEPT_PARTIAL_CAPTURE)."""
     if accept_partial:
         return None
     done = decode_done(scan)
-    if (
-        done
-        and expected.decode is not None
-        and captured.decode is not None
-        and captured.decode < expected.decode
-    ):
+    if done and fewer(captured.decode, expected.decode):
         return "decode_short", (
             f"decode CUDA graphs: captured {captured.decode} batch sizes, expected {expected.decode}; the performance "
             "configuration did not take effect (check --cuda-graph-max-bs-decode / GLM5_CUDA_GRAPH_MAX_BS_DECODE and "
             "max running requests in the log), or accept it with --accept-partial-capture / GLM5_ACCEPT_PARTIAL_CAPTURE=1"
         )
-    if (
-        "prefill_end" in scan.seen
-        and expected.prefill is not None
-        and captured.prefill is not None
-        and captured.prefill < expected.prefill
-    ):
+    if "prefill_end" in scan.seen and fewer(captured.prefill, expected.prefill):
         return "prefill_short", (
             f"prefill CUDA graphs: captured {captured.prefill} token shapes, expected {expected.prefill}; check "
             "--chunked-prefill-size and --cuda-graph-max-bs-prefill in the log, or accept it with "

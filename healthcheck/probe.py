@@ -49,9 +49,8 @@ def run_of(environ: Mapping[str, str]) -> Run:
         values: Mapping[str, Any] = launch | {"state_dir": state_dir}
     else:
         values, problems = state.supervised(environ, create=False)
-        for (
-            problem
-        ) in problems:  # named, not fatal: preflight records it as the start's failure (failed.json)
+        # Named, not fatal: preflight records it as the start's failure (failed.json).
+        for problem in problems:
             Log("healthcheck").warning(f"{problem}; judged with glm5.toml's value meanwhile")
     autotune = values.get("autotune_stall_seconds")  # what a launch.json of an older kit lacks
     return Run(

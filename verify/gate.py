@@ -83,18 +83,22 @@ def still_current(state_dir: str | Path, start: int) -> bool:
     )
 
 
+def require_current(state_dir: str | Path, start: int) -> None:
+    """Raise run.Abandoned when start `start` has ended: nothing of its verification is to be judged or written."""
+    if not still_current(state_dir, start):
+        raise run.Abandoned(f"start #{start} ended during its verification")
+
+
 def while_current(ask: run.Ask, state_dir: str | Path, start: int) -> run.Ask:
     """`ask`, for as long as start `start` is current: before each ask, and after one that raised (a refused
     connection is how a crashed server answers), a start that ended raises run.Abandoned."""
 
     def current_ask(request: dict[str, Any]) -> run.Reply:
-        if not still_current(state_dir, start):
-            raise run.Abandoned(f"start #{start} ended during its verification")
+        require_current(state_dir, start)
         try:
             return ask(request)
         except Exception:
-            if not still_current(state_dir, start):
-                raise run.Abandoned(f"start #{start} ended during its verification") from None
+            require_current(state_dir, start)
             raise
 
     return current_ask
@@ -120,10 +124,8 @@ def verify(values: Mapping[str, Any], start: int, ask: run.Ask) -> dict[str, Any
         LOG.warning(
             f"start #{start}: the first run was {first['verdict']} ({'; '.join(first['reasons'])}): ran again"
         )
-    if not still_current(
-        values["state_dir"], start
-    ):  # it ended after the last ask (a stop, a drain): nothing
-        raise run.Abandoned(f"start #{start} ended during its verification")
+    # It may have ended after the last ask (a stop, a drain): then nothing is written.
+    require_current(values["state_dir"], start)
     if not found["passed"] and values["verify"] == "report":
         LOG.warning(f"start #{start}: verification {found['verdict']}; serving anyway (GLM5_VERIFY=report)")
     state.write_verified(values["state_dir"], record)
