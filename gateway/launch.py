@@ -8,14 +8,14 @@
     gateway/launch ... --dry-run                                print smg's arguments (the key redacted), start nothing
 
 The flags come from entrypoint/glm5.toml's [gateway] (policy, worker health checks that follow the replicas'
-readiness rule, ports), then admission sized from the replicas (per replica what its KV pool holds of [gateway].context_tokens,
-configuration/admission.py: the pool is each listed replica's own max_total_num_tokens from its /ready, else
-[gateway].kv_tokens; at most its largest captured decode batch; times the replicas: FILE's workers, or --replicas, else
-[gateway].replicas; a queue as long again; smg takes it at launch, so restart the gateway when the replicas change:
-smg stops listening 5 s after SIGTERM and finishes the answers in flight for up to [gateway].shutdown_grace_seconds,
-so none is cut, while a lone compose gateway refuses new connections until they end; Kubernetes sizes for
---replicas, the autoscaling overlay's most, and needs no relaunch),
-then the discovery, then any SMG-FLAGS; smg's own parser (smg.launch_router.
+readiness rule, ports), then admission: smg's priority scheduler admits the sum of what the ready replicas hold, each
+registered by the rotation with its own share (gateway/rotation.py: what its KV pool, from its /ready, holds of
+[gateway].context_tokens, at most its largest captured decode batch, configuration/admission.py; on Kubernetes
+divided among the [gateway].gateways), so a replica that drains, fails or is still starting takes its share with it
+and nothing needs a relaunch; smg's queue and the bound used while no replica is registered are sized for the
+replicas listed (FILE's workers, or --replicas, else [gateway].replicas), and the scheduler's classes, all alike,
+are written beside the rotation's record with the queue size and timeout smg's flags give;
+then any SMG-FLAGS; smg's own parser (smg.launch_router.
 parse_router_args) checks them all. The key, GLM5_API_KEY or GLM5_API_KEY_FILE as for the replicas, is added
 to the parsed arguments inside this process and smg is run from Python (smg.launch_router.launch_router), so it
 is in no argv (ps, /proc/PID/cmdline, the pod spec). smg checks it on /v1/* and forwards the client's own
@@ -33,8 +33,6 @@ import json
 import os
 import shlex
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -45,40 +43,36 @@ from common.report import INVALID_SETTING, USAGE, Log, Problems
 from configuration import admission as kv
 from configuration import settings
 from configuration.batch_sizes import effective_decode_max_bs
-from gateway.rotation import Rotation, Worker, pods, read_workers, ready_url
+from gateway.rotation import Registry, Rotation, Slots, pods, read_workers
 
 LOG = Log("gateway")
 
 
-def pool_tokens(workers: list[Worker], exporter_port: int) -> float | None:
-    """The smallest KV pool the listed replicas report (max_total_num_tokens in their /ready's capacity), or None
-    when none can say yet."""
-    found = []
-    for worker in workers:
-        try:
-            with urllib.request.urlopen(ready_url(worker, exporter_port), timeout=3) as r:
-                body = json.loads(r.read())
-        except urllib.error.HTTPError as err:  # 503 before ready: its body still holds what the log said
-            body = json.loads(err.read() or b"{}")
-        except (OSError, ValueError):
-            continue
-        capacity = body.get("capacity") if isinstance(body, dict) else None
-        if isinstance(capacity, dict) and capacity.get("max_total_num_tokens"):
-            found.append(float(capacity["max_total_num_tokens"]))
-    return min(found) if found else None
-
-
-def admission(
-    values: Mapping[str, Any], replicas: int, gateways: int = 1, pool: float | None = None
-) -> list[str]:
-    """Bounded concurrency and queue for `replicas` replicas, shared by `gateways` gateways (smg bounds each process
-    alone; glm5.toml [gateway] says why these sizes), and the routing that keeps each replica near its capacity.
-    `pool`: a replica's KV pool in tokens, as its server said (else [gateway].kv_tokens)."""
+def slots(values: Mapping[str, Any], gateways: int = 1) -> Slots:
+    """What one gateway admits to a replica of a given KV pool (None: unknown, [gateway].kv_tokens): what the pool
+    holds of [gateway].context_tokens, at most its largest captured decode batch, shared by `gateways` gateways (smg
+    bounds each process alone)."""
     gw = settings.load_config()["gateway"]
     graphs = effective_decode_max_bs(
         values["cuda_graph_max_bs_decode"], values["speculative"] != "off", values["max_running_requests"]
     )
-    per_replica = kv.per_replica(graphs, pool or gw["kv_tokens"], gw["context_tokens"])
+
+    def admitted(pool: float | None) -> int:
+        return max(
+            1, kv.per_replica(graphs, pool or gw["kv_tokens"], gw["context_tokens"]) // max(1, gateways)
+        )
+
+    return admitted
+
+
+def admission(values: Mapping[str, Any], replicas: int, config: str, gateways: int = 1) -> list[str]:
+    """smg's admission: its priority scheduler, which admits the sum of the slots the rotation registers each ready
+    replica with (`slots`), so a missing replica's share is never offered to the others; the queue and the bound
+    used while no replica is registered are sized for `replicas` (glm5.toml [gateway] says why these sizes), and the
+    routing keeps each replica near its capacity. `config`: where the scheduler's classes are written
+    (`scheduler_classes`)."""
+    gw = settings.load_config()["gateway"]
+    per_replica = slots(values)(None)
     bound = max(1, max(1, replicas) * per_replica // max(1, gateways))
     # cache_aware keeps a shared prefix on one replica until its load passes the fleet's mean by the spill margin
     # (smg's default: 64 requests and 1.5 times the mean): at saturation, where the mean is a replica's capacity, one
@@ -89,11 +83,26 @@ def admission(
     # is under the thresholds, and 1.13.0 counts a worker draining out of the rotation (5 s) as that other one: the
     # last live replica is left out and requests fail with no_available_workers (measured: 4,048 of 8,648 during a
     # rolling replacement at 40 clients; none with it off). The admission bound above guards the replicas instead.
-    return ["--max-concurrent-requests", str(bound), "--queue-size", str(bound),
+    return ["--priority-scheduler-enabled", "--priority-scheduler-config", config,
+            "--priority-scheduler-default-max-class", "default",
+            "--max-concurrent-requests", str(bound), "--queue-size", str(bound),
             "--queue-timeout-secs", str(gw["queue_timeout_seconds"]),
             "--balance-abs-threshold", str(spill), "--balance-rel-threshold", "1.1",
             "--disable-worker-overload-protection", "--request-timeout-secs", str(gw["request_timeout_seconds"]),
             "--shutdown-grace-period-secs", str(gw["shutdown_grace_seconds"])]  # fmt: skip
+
+
+def scheduler_classes(queue_size: int, queue_timeout_secs: int) -> str:
+    """smg's priority-scheduler config (JSON, which its YAML reader takes): every class alike, none reserved, none
+    preempting, each queueing as smg's --queue-size and --queue-timeout-secs say (the scheduler reads its classes,
+    not those flags: the flags as given, the kit's or the operator's after `--`, are carried here)."""
+    alike = {"reserved_floor": 0, "reserved_per_slot": 0.0, "queue_size": queue_size,
+             "queue_timeout_secs": queue_timeout_secs, "starvation_threshold_secs": queue_timeout_secs,
+             "can_preempt": False}  # fmt: skip
+    return (
+        json.dumps({"classes": dict.fromkeys(("system", "interactive", "default", "bulk"), alike)}, indent=2)
+        + "\n"
+    )
 
 
 def smg_argv(values: Mapping[str, Any], args: argparse.Namespace) -> list[str]:
@@ -102,15 +111,19 @@ def smg_argv(values: Mapping[str, Any], args: argparse.Namespace) -> list[str]:
     argv = ["--host", "0.0.0.0", "--port", str(gw["port"]), "--prometheus-port", str(gw["metrics_port"])]
     argv += ["--prometheus-host", "0.0.0.0", "--health-check-port", str(gw["probe_port"])]
     argv += [str(f).format(**values) for f in gw["flags"]]
+    config = str(scheduler_file(args))
     if args.discovery_file:
-        listed = read_workers(Path(args.discovery_file)) or []
-        argv += admission(values, len(listed), pool=pool_tokens(listed, int(values["exporter_port"])))
-        argv += ["--discovery-provider", "file", "--discovery-file", args.rotation_file]
+        argv += admission(values, len(read_workers(Path(args.discovery_file)) or []), config)
     elif args.kubernetes:
-        argv += admission(values, args.replicas or int(gw["replicas"]), int(gw["gateways"]))
-        # The rotation's manifest of the ready pods (gateway/rotation.py says why not smg's Kubernetes discovery).
-        argv += ["--discovery-provider", "file", "--discovery-file", args.rotation_file]
+        argv += admission(values, args.replicas or int(gw["replicas"]), config, int(gw["gateways"]))
+    # No discovery flags: the rotation registers the ready replicas through smg's API (gateway/rotation.py says why
+    # not smg's own discovery).
     return argv + args.smg_flags
+
+
+def scheduler_file(args: argparse.Namespace) -> Path:
+    """Where the scheduler's classes are written: beside the rotation's record (a writable folder)."""
+    return Path(args.rotation_file).parent / "scheduler.json"
 
 
 def pods_name(namespace: str) -> str:
@@ -166,24 +179,37 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
         reason = (said.getvalue().strip().splitlines() or ["(no message)"])[-1]
         LOG.error(f"smg refused the gateway flags: {reason.split(': error: ', 1)[-1]}")
         return USAGE if exit_.code else 0
+    classes = scheduler_classes(router_args.queue_size, router_args.queue_timeout_secs)
     if args.dry_run:
         print(shlex.join(["smg", "launch", *public, *(["--api-key", "(redacted)"] if key else [])]))
+        print(f"# {scheduler_file(args)}:\n{classes}", end="")
         return 0
     if not key:
         LOG.warning("no GLM5_API_KEY(_FILE): the gateway answers anyone who reaches its port")
     source = (
         Path(args.discovery_file) if args.discovery_file else pods(pods_name(args.kubernetes), values["port"])
     )
-    turn = Rotation(source, Path(args.rotation_file), int(values["exporter_port"]))
+    gateways = 1 if args.discovery_file else int(settings.load_config()["gateway"]["gateways"])
+    host = "127.0.0.1" if router_args.host in ("0.0.0.0", "::", "") else router_args.host
+    registry = Registry(f"http://{'[' + host + ']' if ':' in host else host}:{router_args.port}", key or None)
+    turn = Rotation(
+        source,
+        Path(args.rotation_file),
+        int(values["exporter_port"]),
+        slots=slots(values, gateways),
+        smg=registry,
+    )
     try:
+        scheduler_file(args).parent.mkdir(parents=True, exist_ok=True)
+        scheduler_file(args).write_text(classes)
         turn.start()
     except OSError as err:
         LOG.error(f"--rotation-file {args.rotation_file}: {err}; fix: point it at a writable folder")
         return USAGE
-    registry = CollectorRegistry()
-    registry.register(turn)
+    metrics = CollectorRegistry()
+    metrics.register(turn)
     try:
-        start_http_server(args.rotation_metrics_port, "0.0.0.0", registry)
+        start_http_server(args.rotation_metrics_port, "0.0.0.0", metrics)
     except OSError as err:
         LOG.error(
             f"--rotation-metrics-port {args.rotation_metrics_port}: {err}; "

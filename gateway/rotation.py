@@ -1,23 +1,30 @@
 """The gateway's rotation, on Docker hosts and on Kubernetes: smg sends work only to the replicas the kit itself calls
-ready.
+ready, and admits only what those replicas hold.
 
-smg's file discovery routes to every worker of its manifest that answers `/health`, but SGLang's `/health` is 200
-from the warm-up on (before the start is verified) and turns 503 only once the server drains, when smg, checking
-every [gateway] interval, keeps sending it new work until the drain bound cuts it. So the operator's workers file
-is the list of replicas, and this loop writes the manifest smg reads with only those whose exporter says ready
-(`/ready` on the replica's exporter port: verified, not draining), every POLL_SECONDS. smg rereads its manifest on
-change (inotify on the folder, ~0.2 s) and lets a removed worker's requests finish, so a stopped replica leaves the
-rotation within about a second of its SIGTERM, while it still serves (SGLang 0.5.23 serves what arrives during its
-drain), and a restarted one joins once verified.
+smg's own discovery routes to every worker that answers `/health`, but SGLang's `/health` is 200 from the warm-up on
+(before the start is verified) and turns 503 only once the server drains, when smg, checking every [gateway]
+interval, keeps sending it new work until the drain bound cuts it. So the operator's workers file (or the server
+pods' Service) is the list of replicas, and this loop gives smg only those whose exporter says ready (`/ready` on the
+replica's exporter port: verified, not draining), every POLL_SECONDS, through smg's worker API (`Registry`): a stopped
+replica leaves within about a second of its SIGTERM, while it still serves (SGLang 0.5.23 serves what arrives during
+its drain; smg lets a removed worker's requests finish), and a restarted one joins once verified.
 
+Each replica is registered with the requests it holds (its `max_running_requests` label: what its own KV pool, from
+its /ready, holds of [gateway].context_tokens, `slots`), and smg's priority scheduler admits the sum over the replicas
+it has (smg 1.13.0 `WorkerCapacity`: recomputed on every worker added or removed). So while a replica is missing
+(an upgrade's drain, a failure, a start) the survivors are offered what they hold and no more: the excess waits in
+the gateway's queue, or is refused there (429 at once, 503 at the queue timeout), instead of waiting inside a server.
+
+What the rotation gave smg is also written to `target` (smg's manifest format, {"version": 1, "workers": [{"id",
+"url", "slots"}]}), for operators and tests; this loop is its one writer, and smg does not read it.
 Its own view is on /metrics ([gateway].rotation_metrics_port; `Rotation.collect`): per worker of the workers file,
-in the rotation or not, whether its exporter answered and the phase it said. smg cannot say it: a worker taken out of
-its manifest is drained for 5 s and removed, and smg 1.13.0 then drops its `smg_worker_health` series: a replica out
-of the rotation has no smg series at all.
+in the rotation or not, whether its exporter answered and the phase it said. smg cannot say it: a worker it removes
+is drained and dropped, and smg 1.13.0 then drops its `smg_worker_health` series: a replica out of the rotation has
+no smg series at all.
 
 The replicas come from the operator's workers file on Docker hosts (smg's own format, {"version": 1, "workers":
 [{"id", "url"}]}, each worker optionally with "ready_url": default the url's host on [deployment].exporter_port, path
-/ready; only id and url reach smg), and on Kubernetes from the DNS of the server pods' headless Service
+/ready; only the url reaches smg), and on Kubernetes from the DNS of the server pods' headless Service
 ([gateway].pods_service, publishing not-ready pods too: every pod is asked, and shown here). smg's own Kubernetes
 discovery is not used: it adds a pod when it first turns Ready and keeps it until the pod is deleted, so after an
 in-place restart of the server (its stall watchdog, a crash) only SGLang's /health, 200 before verification, would
@@ -35,6 +42,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -52,8 +60,26 @@ NAMES = (
     "glm5_rotation_phase",
 )  # what collect() exports
 
+SLOTS_LABEL = "max_running_requests"  # the worker label smg 1.13.0 sums into its admission (WorkerCapacity)
+SMG_TIMEOUT = 5.0
+
 Worker = dict[str, str]
-Ask = Callable[[str], tuple[bool, str]]  # ready URL -> (ready, what it said)
+
+
+class Answer(NamedTuple):
+    """What a replica's exporter said on /ready."""
+
+    ready: bool
+    said: str  # its phase, or why it did not answer
+    pool: float | None = (
+        None  # its KV pool in tokens (max_total_num_tokens, read from its server's log), if known
+    )
+
+
+Ask = Callable[[str], Answer]  # ready URL -> what it said
+Slots = Callable[
+    [float | None], int
+]  # a replica's KV pool (None: unknown) -> the requests the gateway admits to it
 Listing = Callable[[], "list[Worker] | None"]  # the replicas now; None: unknown (the last good list stays)
 Resolve = Callable[[str, int], list[str]]  # host, port -> its addresses (raises OSError when it cannot tell)
 
@@ -103,31 +129,86 @@ def ready_url(worker: Worker, exporter_port: int) -> str:
     return f"{parsed.scheme}://{parsed.hostname}:{exporter_port}/ready"
 
 
-def phase_of(body: bytes, otherwise: str) -> str:
-    """The phase an exporter's /ready body names, or `otherwise` for a body that names none."""
+def answer_of(ready: bool, body: bytes, otherwise: str) -> Answer:
+    """What an exporter's /ready body says: the phase it names (else `otherwise`) and the KV pool of its capacity."""
     try:
         doc = json.loads(body)
     except ValueError:
-        return otherwise
-    phase = doc.get("phase") if isinstance(doc, dict) else None
-    return phase if isinstance(phase, str) and phase else otherwise
+        doc = None
+    doc = doc if isinstance(doc, dict) else {}
+    phase = doc.get("phase")
+    capacity = doc.get("capacity")
+    pool = capacity.get("max_total_num_tokens") if isinstance(capacity, dict) else None
+    return Answer(
+        ready,
+        phase if isinstance(phase, str) and phase else otherwise,
+        float(pool) if isinstance(pool, int | float) and pool > 0 else None,
+    )
 
 
-def ask_ready(url: str) -> tuple[bool, str]:
-    """The replica's own readiness: 200 from its exporter's /ready, with the phase it reports."""
+def ask_ready(url: str) -> Answer:
+    """The replica's own readiness: 200 from its exporter's /ready, with the phase and the pool it reports."""
     try:
         with urllib.request.urlopen(url, timeout=READY_TIMEOUT) as response:
-            return True, phase_of(response.read(), "ready")
+            return answer_of(True, response.read(), "ready")
     except urllib.error.HTTPError as err:
-        return False, phase_of(err.read(), str(err.code))
+        return answer_of(False, err.read(), str(err.code))
     except (OSError, ValueError) as err:
-        return False, f"{NO_ANSWER} ({getattr(err, 'reason', err)})"
+        return Answer(False, f"{NO_ANSWER} ({getattr(err, 'reason', err)})")
 
 
-def manifest(workers: list[Worker]) -> str:
-    """smg's manifest: id and url only."""
-    kept = [{k: w[k] for k in ("id", "url") if k in w} for w in workers]
+def manifest(workers: list[Worker], slots: dict[str, int]) -> str:
+    """The record of what smg was given: each ready replica's id and url, and the requests admitted to it."""
+    kept = [{k: w[k] for k in ("id", "url") if k in w} | {"slots": slots[w["url"]]} for w in workers]
     return json.dumps({"version": 1, "workers": kept}, indent=2) + "\n"
+
+
+class Registry:
+    """smg's workers, through its control-plane API (the gateway's own key, which smg checks there too)."""
+
+    def __init__(self, base_url: str, key: str | None) -> None:
+        self.base_url, self.key = base_url.rstrip("/"), key
+
+    def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(self.base_url + path, data=data, method=method)
+        request.add_header("Content-Type", "application/json")
+        if self.key:
+            request.add_header("Authorization", f"Bearer {self.key}")
+        with urllib.request.urlopen(request, timeout=SMG_TIMEOUT) as response:
+            return json.loads(response.read() or b"{}")
+
+    def sync(self, wanted: dict[str, int]) -> None:
+        """Make smg's workers `wanted` (url -> slots): remove the others and those registered with other slots (smg
+        lets their requests finish), add the missing. A worker smg still drains is left to it: its url is added
+        again on a later pass, once smg has dropped it (until then smg answers 409). Raises OSError when smg does
+        not answer (before it listens, and while it stops): the next pass tries again."""
+        live = {}
+        for listed in self.call("GET", "/workers").get("workers", []):
+            if listed.get("status") != "draining":
+                live[listed["url"]] = listed
+        for url, listed in live.items():
+            if wanted.get(url) != _slots(listed):
+                self.call("DELETE", f"/workers/{listed['id']}")
+        for url, slots in wanted.items():
+            if url in live and _slots(live[url]) == slots:
+                continue
+            worker: dict[str, Any] = {"url": url, "labels": {SLOTS_LABEL: str(slots)}}
+            if (
+                self.key
+            ):  # the replicas hold the gateway's key: smg's own asks (/server_info, /health) carry it
+                worker["api_key"] = self.key  # (smg 1.13.0 never shows it back on GET /workers)
+            try:
+                self.call("POST", "/workers", worker)
+            except urllib.error.HTTPError as err:
+                if err.code != 409:  # 409: a registration under way, or the old one still draining
+                    raise
+
+
+def _slots(worker: dict[str, Any]) -> int | None:
+    labels = worker.get("labels")
+    value = labels.get(SLOTS_LABEL) if isinstance(labels, dict) else None
+    return int(value) if isinstance(value, str) and value.isdigit() else None
 
 
 class Rotation(Collector):
@@ -135,15 +216,25 @@ class Rotation(Collector):
     its state as Prometheus metrics."""
 
     def __init__(
-        self, source: Path | Listing, target: Path, exporter_port: int, ask: Ask = ask_ready
+        self,
+        source: Path | Listing,
+        target: Path,
+        exporter_port: int,
+        ask: Ask = ask_ready,
+        *,
+        slots: Slots,
+        smg: Registry | None = None,
     ) -> None:
         self.listing: Listing = (lambda: read_workers(source)) if isinstance(source, Path) else source
         self.target, self.exporter_port, self.ask = target, exporter_port, ask
+        self.slots, self.smg = slots, smg
         self.workers: list[Worker] = []
-        self.state: dict[str, tuple[bool, str]] = {}  # url -> (in the rotation, what its replica said)
+        self.state: dict[str, Answer] = {}  # url -> what its replica said (ready: in the rotation)
+        self.smg_said = ""  # why smg's workers could not be updated, said once until it changes
 
     def step(self) -> bool:
-        """One pass: ask every replica, write the manifest when it changes; True when it did."""
+        """One pass: ask every replica, give smg the ready ones, write the record when it changes; True when it
+        did."""
         listed = self.listing()
         if listed is not None:
             self.workers = listed
@@ -151,22 +242,36 @@ class Rotation(Collector):
             answers = list(pool.map(lambda w: self.ask(ready_url(w, self.exporter_port)), self.workers))
         now = {w["url"]: answer for w, answer in zip(self.workers, answers, strict=True)}
         for worker in self.workers:
-            ready, said = now[worker["url"]]
+            ready, said, _pool = now[worker["url"]]
             was = self.state.get(worker["url"])
-            if was is None or was[0] != ready:
+            if was is None or was.ready != ready:
                 name = worker.get("id", worker["url"])
                 LOG.info(f"{name} {'joins' if ready else 'is out of'} the rotation ({said})")
         for url in set(self.state) - set(now):
             LOG.info(f"{url} is no longer listed: out of the rotation")
-        text = manifest([w for w in self.workers if now[w["url"]][0]])
+        serving = [w for w in self.workers if now[w["url"]].ready]
+        slots = {w["url"]: self.slots(now[w["url"]].pool) for w in serving}
         self.state = now
+        if self.smg is not None:
+            try:
+                self.smg.sync(slots)
+                self.smg_said = ""
+            except (
+                OSError,
+                ValueError,
+            ) as err:  # smg not listening yet, or stopping: the next pass tries again
+                said = f"smg's workers not updated: {getattr(err, 'reason', err)}; trying again"
+                if said != self.smg_said:
+                    LOG.info(said)
+                self.smg_said = said
+        text = manifest(serving, slots)
         try:
             if self.target.read_text() == text:
                 return False
         except OSError:
             pass
         self.target.parent.mkdir(parents=True, exist_ok=True)
-        state.write_whole(self.target, text)  # smg reads it on the rename
+        state.write_whole(self.target, text)
         return True
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
@@ -187,7 +292,7 @@ class Rotation(Collector):
             url = worker["url"]
             if url not in state:
                 continue
-            ready, said = state[url]
+            ready, said, _pool = state[url]
             ids = [url, worker.get("id", url)]
             within.add_metric(ids, float(ready))
             heard = not said.startswith(NO_ANSWER)

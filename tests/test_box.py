@@ -5,19 +5,25 @@ set by the same factor (GLM5_DRAIN_SECONDS, smg's flags after `--`)."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import signal
 import threading
 import time
 import tomllib
 import urllib.error
 import urllib.request
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 
 from conftest import ROOT
-from helpers.container import Container
-from helpers.gateway import KEY, Gateway, chat_request, p99, replace_each, two_replicas
+from helpers.container import Container, free_port, start
+from helpers.gateway import KEY, Gateway, chat_request, in_rotation, p99, replace_each, two_replicas, wait_for
 
 pytestmark = [pytest.mark.boots, pytest.mark.xdist_group("rollout")]  # one at a time: they time requests
 
@@ -98,7 +104,9 @@ def test_four_times_the_kv_capacity_waits_in_the_gateway_not_in_the_server(
                  smg_flags=("--queue-timeout-secs", str(queue_timeout)))  # fmt: skip
     try:
         gw.wait_healthy(2)
-        assert "--max-concurrent-requests 8 --queue-size 8" in " ".join(gw.argv())
+        assert "--priority-scheduler-enabled" in gw.argv()
+        # each replica registered with what its own pool holds (its /ready, from its server's sizes line): smg admits 8
+        assert [w["slots"] for w in json.loads(gw.rotation.read_text())["workers"]] == [4, 4]
         for context in (4096, 16384):
             prompt = "word " * (
                 (context - answer) * 4 // 5 - 40
@@ -132,3 +140,79 @@ def check_overload(
         elif status == 503:
             assert seconds < queue_timeout + 1.5, figures
     assert all(w < queue_timeout for w in waited.values()), figures
+
+
+@dataclass
+class Absent:
+    """A replica the workers file lists that never started: its ports answer nothing."""
+
+    port: int
+    exporter_port: int
+
+
+def test_a_missing_replicas_share_leaves_with_it(tmp_path: Path, containers: list[Container]) -> None:
+    """Two replicas behind a gateway sized for four (the autoscaling overlay at its minimum: the workers file lists
+    four, two never start), then one stopped as an upgrade stops it while streams run, then one failed (every process
+    of its container killed), each time under 16 streams of the context bound, 4x what one replica's pool holds: none
+    waits inside a server past the gateway's queue timeout; the excess is refused at once (429) or at the queue
+    timeout (503), while the survivors run what their pools hold."""
+    scale, answer, queue_timeout = 0.05, 1000, 2
+    pool = 4 * CONFIG["gateway"]["context_tokens"]  # 4 requests of the context bound a replica
+    env = {"GLM5_API_KEY": KEY, "GLM5_VERIFY": "off", "SGLANG_DOUBLE_TIME_SCALE": str(scale),
+           "SGLANG_DOUBLE_ANSWER_TOKENS": str(answer), "SGLANG_DOUBLE_MAX_TOTAL_TOKENS": str(pool)}  # fmt: skip
+    replicas = two_replicas(tmp_path, containers, env | {"SGLANG_DOUBLE_MODE": "box"})
+    never = {
+        f"absent-{n}": Absent(free_port(), free_port()) for n in (1, 2)
+    }  # nothing listens on their ports
+    gw = Gateway(tmp_path, {f"glm5-{n}": c for n, c in replicas.items()} | never,  # type: ignore[arg-type]
+                 smg_flags=("--queue-timeout-secs", str(queue_timeout)))  # fmt: skip
+    prompt = "word " * (
+        (CONFIG["gateway"]["context_tokens"] - answer) * 4 // 5 - 40
+    )  # the double's 4 chars a token
+    figures: list[str] = []
+
+    def wave(name: str, during: Callable[[], None] = lambda: None) -> None:
+        results: list[tuple[int, bool, float]] = []
+        threads = [
+            threading.Thread(target=lambda: results.append(stream(gw.url, prompt, answer))) for _ in range(16)
+        ]
+        for t in threads:
+            t.start()
+        during()
+        for t in threads:
+            t.join(timeout=60)
+        waited = {n: float((c.tmp / "kv-wait-seconds").read_text()) for n, c in replicas.items()
+                  if (c.tmp / "kv-wait-seconds").exists()}  # fmt: skip
+        statuses = Counter(s for s, _, _ in results)
+        refused = [s for status, _, s in results if status != 200]
+        figures.append(f"{name}: {statuses[200]} admitted, {len(refused)} refused ({dict(statuses)}, the slowest "
+                       f"refusal {max(refused, default=0):.2f} s), longest wait inside a server {waited}")  # fmt: skip
+        print(f"\nmissing replica, {figures[-1]}")
+        assert set(statuses) <= {200, 429, 503} and statuses[200] >= 4, figures
+        assert all(s < queue_timeout + 1.5 for s in refused), figures
+        assert all(w < queue_timeout for w in waited.values()), figures
+
+    try:
+        gw.wait_healthy(2)
+        wave("autoscaling at its minimum (sized for 4, 2 serve)")
+        upgrade = replicas["b"]
+        wave(
+            "b stopped as an upgrade stops it",
+            lambda: (time.sleep(0.3), upgrade.proc.send_signal(signal.SIGTERM)),
+        )
+        assert upgrade.proc.wait(timeout=60) == 0
+        (tmp_path / "b2").mkdir()
+        replicas["b"] = start(tmp_path / "b2", port=upgrade.port, GLM5_EXPORTER_PORT=str(upgrade.exporter_port),
+                              **env | {"SGLANG_DOUBLE_MODE": "box"})  # fmt: skip
+        containers.append(replicas["b"])
+        wait_for(lambda: in_rotation(gw, replicas["b"]), 90)
+        gw.wait_healthy(2)  # smg routes to it (the rotation's record alone does not say so)
+        failed = replicas.pop("a")
+        for process in [*failed.leftovers(), psutil.Process(failed.proc.pid)]:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        wait_for(lambda: not in_rotation(gw, failed), 30)
+        wave("a failed (its processes killed)")
+    finally:
+        gw.stop()
+    print("\n" + "\n".join(figures))

@@ -397,7 +397,7 @@ def test_the_gateway_overlay_runs_replicas_one_per_node_behind_the_gateway() -> 
     argv = [a.replace("$(POD_NAMESPACE)", "glm5") for a in gw["args"][1:]]
     checked = gateway_launch(*argv, "--dry-run")
     assert checked.returncode == 0, checked.stderr
-    assert "--discovery-provider file" in checked.stdout and "--policy cache_aware" in checked.stdout
+    assert "--priority-scheduler-enabled" in checked.stdout and "--policy cache_aware" in checked.stdout
     refused = gateway_launch(*argv, "--dry-run", "--", "--health-check-timeout-secs", "2.5")
     assert refused.returncode == 2 and "invalid int value: '2.5'" in refused.stderr
 

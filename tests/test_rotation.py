@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 from configuration import settings
 from conftest import ROOT, kit_env
 from gateway import launch, rotation
+from gateway.rotation import Answer
 from monitoring import exporter as start_exporter
 
 
@@ -25,43 +26,63 @@ def workers_file(path: Path, *workers: dict[str, str]) -> Path:
     return path
 
 
-def test_smg_is_given_only_the_ready_replicas_and_only_their_id_and_url(tmp_path: Path) -> None:
+def pools(pool: float | None) -> int:
+    """A replica's share as launch sizes it: 25 requests of 16k for an unknown pool, else what its pool holds."""
+    return int(pool or 412_160) // 16_384
+
+
+class Smg:
+    """smg's worker registry as the rotation sees it (Registry.sync's one argument), recorded."""
+
+    def __init__(self) -> None:
+        self.given: list[dict[str, int]] = []
+
+    def sync(self, wanted: dict[str, int]) -> None:
+        self.given.append(dict(wanted))
+
+
+def test_smg_is_given_only_the_ready_replicas_each_with_what_its_pool_holds(tmp_path: Path) -> None:
     source = workers_file(tmp_path / "workers.json", {"id": "a", "url": "http://10.0.0.1:30000"},
                           {"id": "b", "url": "http://10.0.0.2:30000", "ready_url": "http://10.0.0.2:9/ready"})  # fmt: skip
     target = tmp_path / "smg" / "workers.json"
-    ready = {"http://10.0.0.1:30090/ready": (True, "ready"), "http://10.0.0.2:9/ready": (False, "verifying")}
+    ready = {"http://10.0.0.1:30090/ready": Answer(True, "ready", 163_840.0),
+             "http://10.0.0.2:9/ready": Answer(False, "verifying")}  # fmt: skip
     asked: list[str] = []
 
-    def ask(url: str) -> tuple[bool, str]:
+    def ask(url: str) -> Answer:
         asked.append(url)
         return ready[url]
 
-    turn = rotation.Rotation(source, target, 30090, ask)
+    smg = Smg()
+    turn = rotation.Rotation(source, target, 30090, ask, slots=pools, smg=smg)  # type: ignore[arg-type]
     assert turn.step() is True
+    assert smg.given == [{"http://10.0.0.1:30000": 10}]  # its own pool: 163,840 tokens hold 10 of 16k
     assert json.loads(target.read_text()) == {
         "version": 1,
-        "workers": [{"id": "a", "url": "http://10.0.0.1:30000"}],
+        "workers": [{"id": "a", "url": "http://10.0.0.1:30000", "slots": 10}],
     }
     assert sorted(asked) == sorted(
         ready
     )  # the exporter port of the url's host, or the worker's own ready_url
-    assert turn.step() is False  # nothing changed: the file is not rewritten (smg would reread it)
-    ready["http://10.0.0.2:9/ready"] = (True, "ready")
-    ready["http://10.0.0.1:30090/ready"] = (False, "draining")  # a stopped replica leaves at once
+    assert turn.step() is False  # nothing changed: the record is not rewritten
+    assert len(smg.given) == 2  # smg is told every pass: what it lost (a failed registration) comes back
+    ready["http://10.0.0.2:9/ready"] = Answer(True, "ready")  # no pool said: [gateway].kv_tokens
+    ready["http://10.0.0.1:30090/ready"] = Answer(False, "draining")  # a stopped replica leaves at once
     assert turn.step() is True
     assert [w["id"] for w in json.loads(target.read_text())["workers"]] == ["b"]
+    assert smg.given[-1] == {"http://10.0.0.2:30000": 25}
     source.write_text("{not json")  # an editor's half-written file: the last good list stays
     assert turn.step() is False and [w["id"] for w in turn.workers] == ["a", "b"]
 
 
 def test_the_rotation_logs_who_joins_and_leaves(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     source = workers_file(tmp_path / "w.json", {"id": "box-2", "url": "http://10.0.0.12:30000"})
-    said = {"now": (False, "capturing")}
-    turn = rotation.Rotation(source, tmp_path / "out.json", 30090, lambda _url: said["now"])
+    said = {"now": Answer(False, "capturing")}
+    turn = rotation.Rotation(source, tmp_path / "out.json", 30090, lambda _url: said["now"], slots=pools)
     turn.step()
-    said["now"] = (True, "ready")
+    said["now"] = Answer(True, "ready")
     turn.step()
-    said["now"] = (False, "draining")
+    said["now"] = Answer(False, "draining")
     turn.step()
     err = capsys.readouterr().err
     assert "box-2 is out of the rotation (capturing)" in err
@@ -95,39 +116,55 @@ def exporter() -> Iterator[str]:
 
 def test_a_replica_is_ready_only_when_its_exporter_answers_200(exporter: str) -> None:
     Ready.answers = {"/ok": (200, {"phase": "ready"}), "/drain": (503, {"phase": "draining"}),
-                     "/odd": (503, {}), "/null": (503, {"phase": None}), "/list": (200, [1])}  # fmt: skip
-    assert rotation.ask_ready(exporter + "/ok") == (True, "ready")
-    assert rotation.ask_ready(exporter + "/drain") == (False, "draining")
-    assert rotation.ask_ready(exporter + "/odd") == (False, "503")
-    assert rotation.ask_ready(exporter + "/null") == (False, "503")  # a body that names no phase
-    assert rotation.ask_ready(exporter + "/list") == (True, "ready")
-    ready, said = rotation.ask_ready("http://127.0.0.1:9/ready")  # nothing listens: the box is gone
+                     "/odd": (503, {}), "/null": (503, {"phase": None}), "/list": (200, [1]),
+                     "/pool": (200, {"phase": "ready", "capacity": {"max_total_num_tokens": 412160}}),
+                     "/no-pool": (200, {"phase": "ready", "capacity": {"max_total_num_tokens": None}})}  # fmt: skip
+    assert rotation.ask_ready(exporter + "/ok") == (True, "ready", None)
+    assert rotation.ask_ready(exporter + "/pool") == (True, "ready", 412160.0)  # its server's own sizes line
+    assert rotation.ask_ready(exporter + "/no-pool") == (True, "ready", None)
+    assert rotation.ask_ready(exporter + "/drain") == (False, "draining", None)
+    assert rotation.ask_ready(exporter + "/odd") == (False, "503", None)
+    assert rotation.ask_ready(exporter + "/null") == (False, "503", None)  # a body that names no phase
+    assert rotation.ask_ready(exporter + "/list") == (True, "ready", None)
+    ready, said, _ = rotation.ask_ready("http://127.0.0.1:9/ready")  # nothing listens: the box is gone
     assert not ready and said.startswith("no answer")
 
 
-def test_admission_is_sized_from_the_replicas_capacity() -> None:
-    def flags(replicas: int, pool: float | None = None, **env: str) -> dict[str, str]:
-        argv = launch.admission(settings.resolve(env), replicas, pool=pool)
+def test_each_replicas_share_is_what_its_pool_holds_and_smg_admits_their_sum() -> None:
+    def flags(replicas: int, **env: str) -> dict[str, str]:
+        argv = launch.admission(settings.resolve(env), replicas, "/run/scheduler.json")
         return {k: (argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else "")
                 for i, k in enumerate(argv) if k.startswith("--")}  # fmt: skip
 
     gw = settings.load_config()["gateway"]
+    share = launch.slots(settings.resolve({}))
     # No server has said its pool: [gateway].kv_tokens (412,160) holds 25 requests of context_tokens (16,384) each.
+    assert share(None) == 25
+    assert share(8_400_000) == 512  # a pool of 8.4 M tokens holds 512 of 16k: the captured graphs' bound
+    assert share(1_638_400) == 100  # the pool, not the graphs, bounds it
+    assert (
+        launch.slots(settings.resolve({"GLM5_MAX_RUNNING_REQUESTS": "64"}))(8_400_000) == 64
+    )  # caps the graphs
+    assert launch.slots(settings.resolve({}), gateways=2)(None) == 12  # two gateways share a replica
     default = flags(2)
+    # smg's priority scheduler sums the shares the rotation registers; the legacy bound and the queue are for the
+    # replicas listed (the bound acts only while smg has no replica)
+    assert "--priority-scheduler-enabled" in default
+    assert default["--priority-scheduler-config"] == "/run/scheduler.json"
+    assert default["--priority-scheduler-default-max-class"] == "default"  # no client raises its own class
     assert default["--max-concurrent-requests"] == default["--queue-size"] == "50"
     assert default["--queue-timeout-secs"] == str(gw["queue_timeout_seconds"])
     assert default["--balance-abs-threshold"] == "1" and "--disable-worker-overload-protection" in default
     assert default["--request-timeout-secs"] == str(gw["request_timeout_seconds"])
-    # The server's own max_total_num_tokens: a pool of 8.4 M tokens holds 512 of 16k, the captured graphs' bound.
-    big = flags(2, pool=8_400_000)
-    assert big["--max-concurrent-requests"] == "1024" and big["--balance-abs-threshold"] == "8"
+    assert flags(3, GLM5_MAX_RUNNING_REQUESTS="16")["--max-concurrent-requests"] == "48"
+    classes = json.loads(launch.scheduler_classes(50, 60))["classes"]
+    assert set(classes) == {"system", "interactive", "default", "bulk"}
+    assert all(c == classes["default"] for c in classes.values())  # all alike: none reserved, none preempts
     assert (
-        flags(1, pool=1_638_400)["--max-concurrent-requests"] == "100"
-    )  # the pool, not the graphs, bounds it
-    capped = flags(
-        3, pool=8_400_000, GLM5_MAX_RUNNING_REQUESTS="64"
-    )  # a cap on running requests caps the graphs and the bound
-    assert capped["--max-concurrent-requests"] == "192" and capped["--balance-abs-threshold"] == "1"
+        classes["default"] | {"reserved_floor": 0, "reserved_per_slot": 0.0, "can_preempt": False}
+        == classes["default"]
+    )
+    assert (classes["default"]["queue_size"], classes["default"]["queue_timeout_secs"]) == (50, 60)
 
 
 def test_a_draining_server_is_not_ready_by_the_exporters_ready(tmp_path: Path) -> None:
@@ -158,9 +195,9 @@ def exporter_readiness(env: dict[str, str]) -> tuple[int, str]:
 def test_the_rotation_says_on_metrics_who_is_in_who_answers_and_their_phase(tmp_path: Path) -> None:
     source = workers_file(tmp_path / "w.json", {"id": "a", "url": "http://10.0.0.1:30000"},
                           {"id": "b", "url": "http://10.0.0.2:30000"}, {"url": "http://10.0.0.3:30000"})  # fmt: skip
-    said = {"http://10.0.0.1:30090/ready": (True, "ready"), "http://10.0.0.2:30090/ready": (False, "loading"),
-            "http://10.0.0.3:30090/ready": (False, "no answer (Connection refused)")}  # fmt: skip
-    turn = rotation.Rotation(source, tmp_path / "out.json", 30090, lambda url: said[url])
+    said = {"http://10.0.0.1:30090/ready": Answer(True, "ready"), "http://10.0.0.2:30090/ready": Answer(False, "loading"),
+            "http://10.0.0.3:30090/ready": Answer(False, "no answer (Connection refused)")}  # fmt: skip
+    turn = rotation.Rotation(source, tmp_path / "out.json", 30090, lambda url: said[url], slots=pools)
     registry = CollectorRegistry()
     registry.register(turn)
     assert [s for family in registry.collect() for s in family.samples] == []  # nothing before its first pass
@@ -178,7 +215,7 @@ def test_the_rotation_says_on_metrics_who_is_in_who_answers_and_their_phase(tmp_
         ("glm5_rotation_phase", "a", "ready"): 1.0,
         ("glm5_rotation_phase", "b", "loading"): 1.0,
     }
-    said["http://10.0.0.2:30090/ready"] = (False, "503")  # an answer without a phase
+    said["http://10.0.0.2:30090/ready"] = Answer(False, "503")  # an answer without a phase
     turn.step()
     phases = {s.labels["id"]: s.labels["phase"] for family in registry.collect()
               for s in family.samples if s.name == "glm5_rotation_phase"}  # fmt: skip
@@ -195,20 +232,27 @@ def test_on_kubernetes_an_unverified_pod_gets_no_traffic_also_after_an_in_place_
     rotation asks every pod the Service lists, on every pass, so a restarted server is out until verified again."""
     listed = {"now": ["10.0.0.1", "10.0.0.2"]}
     said = {
-        "http://10.0.0.1:30090/ready": (True, "ready"),
-        "http://10.0.0.2:30090/ready": (False, "verifying"),
+        "http://10.0.0.1:30090/ready": Answer(True, "ready"),
+        "http://10.0.0.2:30090/ready": Answer(False, "verifying"),
     }
     source = rotation.pods("glm5-pods.glm5.svc", 30000, lambda host, port: list(listed["now"]))
     target = tmp_path / "out.json"
-    turn = rotation.Rotation(source, target, 30090, lambda url: said[url])
+    turn = rotation.Rotation(source, target, 30090, lambda url: said[url], slots=pools)
     turn.step()
-    assert json.loads(target.read_text())["workers"] == [{"id": "10.0.0.1", "url": "http://10.0.0.1:30000"}]
-    said["http://10.0.0.1:30090/ready"] = (False, "verifying")  # its server restarted in place: the pod stays
-    said["http://10.0.0.2:30090/ready"] = (True, "ready")
+    one = {"slots": 25}
+    assert json.loads(target.read_text())["workers"] == [
+        {"id": "10.0.0.1", "url": "http://10.0.0.1:30000"} | one
+    ]
+    said["http://10.0.0.1:30090/ready"] = Answer(
+        False, "verifying"
+    )  # its server restarted in place: the pod stays
+    said["http://10.0.0.2:30090/ready"] = Answer(True, "ready")
     turn.step()
-    assert json.loads(target.read_text())["workers"] == [{"id": "10.0.0.2", "url": "http://10.0.0.2:30000"}]
+    assert json.loads(target.read_text())["workers"] == [
+        {"id": "10.0.0.2", "url": "http://10.0.0.2:30000"} | one
+    ]
     listed["now"] = ["10.0.0.2", "10.0.0.3"]  # a pod replaced: a new address, asked before it gets anything
-    said["http://10.0.0.3:30090/ready"] = (False, "loading")
+    said["http://10.0.0.3:30090/ready"] = Answer(False, "loading")
     turn.step()
     assert [w["id"] for w in json.loads(target.read_text())["workers"]] == ["10.0.0.2"]
 
@@ -224,10 +268,15 @@ def test_a_dns_answer_that_fails_keeps_the_last_rotation_and_no_record_empties_i
     )  # the real resolver: a name with records gives its addresses
 
 
-def test_the_kubernetes_gateway_reads_the_rotations_manifest_not_smgs_discovery() -> None:
-    done = subprocess.run([str(ROOT / "gateway" / "launch"), "--kubernetes", "glm5", "--dry-run"],
+def test_the_kubernetes_gateway_uses_the_rotation_not_smgs_discovery() -> None:
+    done = subprocess.run([str(ROOT / "gateway" / "launch"), "--kubernetes", "glm5", "--dry-run", "--",
+                           "--queue-timeout-secs", "7"],
                           capture_output=True, text=True, env=kit_env(), check=False, timeout=60)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert "--discovery-provider file --discovery-file /tmp/glm5-gateway/workers.json" in done.stdout
-    assert "kubernetes" not in done.stdout
+    command, _, classes = done.stdout.partition("\n")
+    assert "--discovery" not in command and "kubernetes" not in command
+    assert "--priority-scheduler-config /tmp/glm5-gateway/scheduler.json" in command
+    # the scheduler's classes as written, with smg's own queue flags as given (the operator's last)
+    assert classes.startswith("# /tmp/glm5-gateway/scheduler.json:\n")
+    assert json.loads(classes.partition("\n")[2])["classes"]["bulk"]["queue_timeout_secs"] == 7
     assert launch.pods_name("glm5") == "glm5-pods.glm5.svc"

@@ -44,7 +44,7 @@ class Gateway:
             | env
         )
         fast = ["--health-check-interval-secs", "1", "--worker-startup-check-interval", "1",
-                "--discovery-check-interval-secs", "1", "--health-failure-threshold", "2"]  # fmt: skip
+                "--health-failure-threshold", "2"]  # fmt: skip
         self.output, self.env = tmp / "gateway.out", env
         self.launch = [
             str(LAUNCH),
