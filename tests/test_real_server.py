@@ -260,10 +260,10 @@ def test_a_replica_replaced_under_load_behind_the_real_gateway_fails_nothing(
 
     try:
         gw.wait_healthy(2)
-        # As many clients as the gateway admits at once (its bound, from the replicas' own KV pools: 2 here). More
-        # meet its admission, not the drain: four clients against 2 running and 2 queued got one 429 in CI.
-        argv = gw.argv()
-        admitted = int(argv[argv.index("--max-concurrent-requests") + 1])
+        # As many clients as the gateway admits at once with both serving (the shares the rotation registered, from
+        # the replicas' own KV pools: 1 each here); while one is out the other client waits in the gateway's queue.
+        admitted = sum(w["slots"] for w in json.loads(gw.rotation.read_text())["workers"])
+        assert admitted == 2, gw.rotation.read_text()
         clients = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(admitted)]
         for t in clients:
             t.start()

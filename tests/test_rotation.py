@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import threading
+import urllib.error
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -280,3 +281,88 @@ def test_the_kubernetes_gateway_uses_the_rotation_not_smgs_discovery() -> None:
     assert classes.startswith("# /tmp/glm5-gateway/scheduler.json:\n")
     assert json.loads(classes.partition("\n")[2])["classes"]["bulk"]["queue_timeout_secs"] == 7
     assert launch.pods_name("glm5") == "glm5-pods.glm5.svc"
+
+
+class FakeSmg(BaseHTTPRequestHandler):
+    """smg 1.13.0's worker API as the rotation uses it, its answers as the real one gave them here (GET /workers: each
+    worker with its url, status and labels; DELETE: 202 and the worker drains, listed as `draining` until dropped;
+    POST for a url still listed: 409 WORKER_ALREADY_EXISTS)."""
+
+    workers: ClassVar[list[dict[str, Any]]] = []
+    calls: ClassVar[list[tuple[str, str, dict[str, Any], str]]] = []
+
+    def reply(self, code: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def record(self) -> dict[str, Any]:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(length)) if length else {}
+        self.calls.append((self.command, self.path, body, self.headers.get("Authorization", "")))
+        return dict(body)
+
+    def do_GET(self) -> None:
+        self.record()
+        self.reply(200, {"workers": self.workers})
+
+    def do_DELETE(self) -> None:
+        self.record()
+        self.reply(202, {"status": "accepted", "message": "Worker removal queued for background processing"})
+
+    def do_POST(self) -> None:
+        body = self.record()
+        if any(w["url"] == body["url"] for w in self.workers):
+            self.reply(
+                409,
+                {"error": f"Worker already exists at URL '{body['url']}'", "code": "WORKER_ALREADY_EXISTS"},
+            )
+        elif body["url"].endswith(":9"):
+            self.reply(500, {"error": "registration failed"})
+        else:
+            self.reply(
+                202, {"status": "accepted", "message": "Worker addition queued for background processing"}
+            )
+
+    def log_message(self, *_a: Any) -> None:
+        return
+
+
+def listed(url: str, slots: int, status: str = "ready") -> dict[str, Any]:
+    return {"id": f"id-{url[7]}", "url": url, "status": status, "is_healthy": status == "ready",
+            "labels": {"served_model_name": "glm-5", "max_running_requests": str(slots)}}  # fmt: skip
+
+
+def test_smg_is_told_each_ready_replica_with_its_share_and_nothing_else() -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeSmg)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    smg = rotation.Registry(f"http://127.0.0.1:{server.server_address[1]}", "k-123")
+    FakeSmg.calls = []
+    FakeSmg.workers = [listed("http://a:1", 3), listed("http://b:1", 3), listed("http://c:1", 4, "draining"),
+                       listed("http://e:1", 2)]  # fmt: skip
+    try:
+        smg.sync({"http://a:1": 3, "http://b:1": 5, "http://c:1": 4, "http://d:1": 2})
+        changes = [
+            (method, path, body.get("url"), body.get("labels")) for method, path, body, _ in FakeSmg.calls
+        ]
+        assert changes == [
+            ("GET", "/workers", None, None),
+            ("DELETE", "/workers/id-b", None, None),  # registered with another share: its pool changed
+            ("DELETE", "/workers/id-e", None, None),  # no longer ready
+            (
+                "POST",
+                "/workers",
+                "http://b:1",
+                {"max_running_requests": "5"},
+            ),  # 409 while it drains: next pass
+            ("POST", "/workers", "http://c:1", {"max_running_requests": "4"}),  # 409 until smg has dropped it
+            ("POST", "/workers", "http://d:1", {"max_running_requests": "2"}),
+        ]  # a, listed with its share, is left alone
+        assert all(key == "Bearer k-123" for *_, key in FakeSmg.calls)  # smg checks its key on /workers too
+        assert all(body.get("api_key") == "k-123" for method, _, body, _ in FakeSmg.calls if method == "POST")
+        with pytest.raises(urllib.error.HTTPError):  # anything but a 409: said by the rotation, tried again
+            smg.sync({"http://f:9": 1})
+    finally:
+        server.shutdown()
