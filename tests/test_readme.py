@@ -282,6 +282,17 @@ def test_the_first_request_answers_a_chat_completion(tmp_path: Path, containers:
     thinking = run(block.replace('"enable_thinking": false', '"enable_thinking": true'))["choices"][0]
     assert thinking["message"]["content"] == "" and thinking["finish_reason"] == "length", thinking
     assert thinking["message"]["reasoning_content"], thinking
+    # docs/reference.md's openai-client example, as written, in ci/smoke's venv (the pinned openai client)
+    example = (ROOT / "docs" / "reference.md").read_text().split("```python\n", 1)[1].split("```", 1)[0]
+    done = subprocess.run([str(ROOT / ".venv-smoke" / "bin" / "python"), "-c", example.replace(":30000", f":{c.port}")],
+                          env=os.environ | {"GLM5_API_KEY": key}, capture_output=True, text=True, check=False,
+                          timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    said = dict(line.split(": ", 1) for line in done.stdout.splitlines())
+    assert said["reply"].strip() and said["reply"] != "None", done.stdout
+    assert said["reasoning"].strip() and said["reasoning"] != "None", done.stdout  # the thought, apart
+    assert said["reply after thinking"].strip().endswith("(stop)"), done.stdout  # room enough: a whole answer
+    assert not said["reply after thinking"].startswith("None"), done.stdout
 
 
 def exit_code_tools(code: str) -> list[str]:
