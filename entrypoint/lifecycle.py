@@ -117,9 +117,9 @@ def ended(values: Mapping[str, Any], rpc: Supervisor, restart: bool = True) -> s
         retries = int(values["start_retries"])
         count = state.count_unverified_end(state_dir, start, kind, why)
         if count > retries:
-            reason = (
-                f"{count} starts in a row ended before they were verified (GLM5_START_RETRIES={retries}), so the kit "
-                f"no longer restarts the server; the last: {why}"
+            reason = (  # the cause first: a report cut short (ci/bench's table, an alert's summary) keeps it
+                f"{why} ({count} starts in a row ended before they were verified, GLM5_START_RETRIES={retries}: the "
+                "kit no longer restarts the server)"
             )
             code = record(state_dir, start, kind, reason)
             # supervisord may have given up on it already (FATAL)

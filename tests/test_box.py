@@ -25,7 +25,7 @@ from conftest import ROOT
 from helpers.container import Container, free_port, start
 from helpers.gateway import KEY, Gateway, chat_request, in_rotation, p99, replace_each, two_replicas, wait_for
 
-pytestmark = [pytest.mark.boots, pytest.mark.xdist_group("rollout")]  # one at a time: they time requests
+pytestmark = [pytest.mark.boots]
 
 CONFIG = tomllib.loads((ROOT / "entrypoint" / "glm5.toml").read_text())
 
@@ -48,6 +48,10 @@ def stream(url: str, prompt: str, max_tokens: int, timeout: float = 60) -> tuple
         return 0, False, time.monotonic() - began
 
 
+ROLLOUT = pytest.mark.xdist_group("rollout")  # one at a time: they time requests
+
+
+@ROLLOUT
 def test_a_rolling_replacement_cuts_no_answer_longer_than_yesterdays_drain(
     tmp_path: Path, containers: list[Container]
 ) -> None:
@@ -90,6 +94,7 @@ def test_a_rolling_replacement_cuts_no_answer_longer_than_yesterdays_drain(
     assert len(results) >= 8 and not cut, figures
 
 
+@ROLLOUT
 def test_four_times_the_kv_capacity_waits_in_the_gateway_not_in_the_server(
     tmp_path: Path, containers: list[Container]
 ) -> None:
@@ -150,6 +155,9 @@ class Absent:
     exporter_port: int
 
 
+@pytest.mark.xdist_group(
+    "missing_replica"
+)  # beside the rollout group: no request waits in a server here at all
 def test_a_missing_replicas_share_leaves_with_it(tmp_path: Path, containers: list[Container]) -> None:
     """Two replicas behind a gateway sized for four (the autoscaling overlay at its minimum: the workers file lists
     four, two never start), then one stopped as an upgrade stops it while streams run, then one failed (every process
