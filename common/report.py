@@ -28,6 +28,7 @@ HUNG = 73
 DECODE_SHORT = 74
 PREFILL_SHORT = 75
 NO_DECODE_CAPTURE = 76
+DEGENERATE_ANSWERS = 77
 NO_SERVER_PROGRAM = 127
 
 
@@ -63,6 +64,7 @@ FAILURES: tuple[Failure, ...] = (
     Failure("no_decode_capture", NO_DECODE_CAPTURE, 212, False, "ready without a decode CUDA graph capture: decode runs without graphs", "a flag in GLM5_EXTRA_ARGS that disables CUDA graphs, or GLM5_ACCEPT_PARTIAL_CAPTURE=1"),
     Failure("wrong_answers", WRONG_ANSWERS, 213, False, "the start's verification failed twice on wrong answers (GLM5_VERIFY=enforce; verified.json names the items)", "README: Verification; GLM5_VERIFY=report serves anyway"),
     Failure("verify_inconclusive", VERIFY_INCONCLUSIVE, 214, False, "the start's verification was inconclusive twice: replies cut at the raised token bound, or HTTP errors and timeouts after the retries", "verified.json has each reply; the server log the errors"),
+    Failure("degenerate_answers", DEGENERATE_ANSWERS, 215, False, "the start's verification failed twice with every answer empty or one token repeated: what NaN decode logits give, a fault of the attention backend on this box, not of an item", "GLM5_DSA_BACKEND=tilelang (the same fp8 cache), else GLM5_KV_CACHE_DTYPE=bf16 (tilelang, half the requests a replica holds: docs/reference.md Sizing); GLM5_DSA_BACKEND's doc cites the public reports"),
     Failure("refused", INVALID_SETTING, INVALID_SETTING, False, "preflight refused the start: an invalid setting (3) or a problem with the box, the weights, FlashInfer or the flags (10-42, the first problem's code)", "the message names the setting and the fix"),
 )  # fmt: skip
 FAILURE = {f.kind: f for f in FAILURES}

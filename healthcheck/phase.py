@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from common.report import FAILURE
 from healthcheck.logscan import Scan
 from healthcheck.verdict import Counts, Observation, Phase, Stop, Verdict
 
@@ -233,6 +234,13 @@ def gated(v: Verdict, obs: Observation) -> Verdict:
     reasons = "; ".join(found.reasons or ["no reason recorded"])
     if mode == "report":
         return v._replace(reason=f"verification FAILED, serving anyway (GLM5_VERIFY=report): {reasons}")
+    if found.verdict == "degenerate":
+        return v._replace(
+            phase=Phase.FAILED,
+            failure_kind="degenerate_answers",
+            reason=f"verification failed, every answer empty or one token repeated, as NaN decode logits leave them "
+            f"(twice): {reasons}; next try: {FAILURE['degenerate_answers'].fix}",
+        )
     if found.verdict == "inconclusive":
         return v._replace(
             phase=Phase.FAILED,

@@ -121,7 +121,7 @@ class Verification(NamedTuple):
     """What the start's own verification found (verified.json, verify/gate.py), without the per-item rows."""
 
     passed: bool
-    verdict: str  # passed, wrong or inconclusive (verify/run.py outcome)
+    verdict: str  # passed, degenerate, wrong or inconclusive (verify/run.py outcome)
     accuracy: float | None
     right: int | None
     items: int | None

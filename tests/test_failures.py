@@ -70,6 +70,12 @@ JUDGED: dict[str, Callable[[], Verdict]] = {
     "wrong_answers": lambda: judged(
         marker(1) + READY_LOG, alive=True, http=200, verification=probe.verification_of(verified("wrong"), 1)
     ),
+    "degenerate_answers": lambda: judged(
+        marker(1) + READY_LOG,
+        alive=True,
+        http=200,
+        verification=probe.verification_of(verified("degenerate"), 1),
+    ),
     "verify_inconclusive": lambda: judged(
         marker(1) + READY_LOG,
         alive=True,

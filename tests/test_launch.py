@@ -10,10 +10,13 @@ from typing import Any
 import pytest
 import yaml
 
+from common.report import FAILURE
 from configuration import batch_sizes, config, settings, state
 from conftest import ROOT, kit_env
 from entrypoint import relay
 from helpers import oracles
+
+BENCH_PYTHON = ROOT / ".venv-bench" / "bin" / "python"
 
 LAUNCH = ROOT / "entrypoint" / "launch"
 
@@ -117,6 +120,56 @@ def test_no_sm120_incompatible_backend_is_baked() -> None:
     argv = " ".join(config.resolve({}).argv + config.resolve({"GLM5_KV_CACHE_DTYPE": "bf16"}).argv)
     for bad in ("trtllm", "flashmla", "fa3", "deep_gemm", "deepgemm", "--enable-piecewise-cuda-graph"):
         assert bad not in argv
+
+
+# 0.5.23's own DSA rule (srt/arg_groups/overrides.py _check_dsa_backend_constraints), on an SM120 device as the box's.
+DSA_RULE = """
+import json, sys
+import torch
+from sglang.srt.arg_groups.overrides import _check_dsa_backend_constraints
+torch.cuda.get_device_capability = lambda *a: (12, 0)
+out = []
+for kv, prefill, decode in json.load(sys.stdin):
+    try:
+        _check_dsa_backend_constraints(kv, prefill, decode, hip=False)
+        out.append("ok")
+    except ValueError as err:
+        out.append(str(err))
+print(json.dumps(out))
+"""
+
+
+def test_each_attention_alternative_is_a_named_value_that_passes_sglangs_dsa_rule() -> None:
+    """GLM5_DSA_BACKEND's values with both KV cache dtypes: the flags they give, and 0.5.23's own DSA check over each
+    set (a pair it refuses, tilelang with another backend on an fp8 cache, is refused there: the rule is live)."""
+
+    def flags(env: dict[str, str]) -> tuple[str, str, str]:
+        argv = config.resolve(env).argv
+        return tuple(argv[argv.index(f) + 1] for f in ("--kv-cache-dtype", "--dsa-prefill-backend",
+                                                        "--dsa-decode-backend"))  # type: ignore[return-value]  # fmt: skip
+
+    decl = settings.declarations()
+    sets = {
+        (kv, dsa): flags({"GLM5_KV_CACHE_DTYPE": kv, "GLM5_DSA_BACKEND": dsa})
+        for kv in decl["GLM5_KV_CACHE_DTYPE"].choices
+        for dsa in decl["GLM5_DSA_BACKEND"].choices
+    }
+    assert flags({}) == (
+        "fp8_e4m3",
+        "flashinfer_sparse_mla",
+        "flashinfer_sparse_mla",
+    )  # 0.5.23's own SM12x pick
+    assert sets[("bf16", "auto")] == ("bf16", "tilelang", "tilelang")
+    assert sets[("fp8_e4m3", "tilelang")] == ("fp8_e4m3", "tilelang", "tilelang")  # the next try after NaN
+    assert sets[("fp8_e4m3", "trtllm")] == ("fp8_e4m3", "trtllm", "trtllm")
+    checked = [*sets.values(), ("fp8_e4m3", "tilelang", "flashinfer_sparse_mla")]
+    done = subprocess.run([str(BENCH_PYTHON), "-c", DSA_RULE], input=json.dumps(checked), capture_output=True,
+                          text=True, check=False, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    said = json.loads(done.stdout)
+    assert said[:-1] == ["ok"] * len(sets), dict(zip(sets, said, strict=False))
+    assert "requires both DSA backends to be tilelang" in said[-1]
+    assert "GLM5_DSA_BACKEND=tilelang" in FAILURE["degenerate_answers"].fix  # the failure names the next try
 
 
 def test_removed_flags_are_never_baked() -> None:

@@ -584,3 +584,31 @@ def test_the_readme_describes_the_verification_set_as_it_is() -> None:
     assert set(kinds) == {("fact", 1), ("arithmetic", 1), ("arithmetic", 8), ("arithmetic", 32), ("retrieval", 1),
                           ("json", 1), ("tool", 1), ("reasoning", 1)}  # fmt: skip
     assert kinds["arithmetic", 8] == 8 and kinds["arithmetic", 32] == 32
+
+
+def test_every_answer_empty_or_one_token_repeated_is_degenerate_not_wrong() -> None:
+    """What NaN decode logits give (the attention backend's fault, reported on this box class: GLM5_DSA_BACKEND's doc):
+    every reply empty, or one token over and over. The verdict says so, and names nothing else wrong: a start judged
+    so fails as `degenerate_answers`, whose fix is the next backend to try."""
+    assert run.degenerate({"content": ""}) and run.degenerate({"content": None, "reasoning_content": None})
+    assert run.degenerate({"content": "!!!!!!!!!!!!"}) and run.degenerate({"content": "the the the the"})
+    assert run.degenerate({"content": "", "reasoning_content": "<unk> <unk> <unk> <unk> <unk>"})
+    assert not run.degenerate({"content": "391"}) and not run.degenerate({"content": "zq!! 0x0"})
+    assert not run.degenerate({"content": "", "tool_calls": [{"function": {"name": "get_weather"}}]})
+
+    def every(message: dict[str, Any]) -> run.Ask:
+        return lambda request: run.Reply(dict(message), 100_000, "length")
+
+    for message in ({"content": ""}, {"content": "!" * 64}, {"content": "", "reasoning_content": "a " * 40}):
+        results = run.run(every(message), "glm-5")
+        assert run.outcome(results) == "degenerate" and run.summary(results)["verdict"] == "degenerate", (
+            message
+        )
+    wrong = run.run(asker({i.id for i in items.generate() if i.kind == "arithmetic"}), "glm-5")
+    assert run.outcome(wrong) == "wrong"  # wrong answers with words in them: not the backend's NaN
+    mixed = run.run(
+        lambda r: run.Reply({"content": "" if "17" in str(r) else "zq!! 0x0"}, 100_000, "stop"), "glm-5"
+    )
+    assert run.outcome(mixed) == "wrong"  # some degenerate, not all
+    found = probe.verification_of(run.summary(run.run(every({"content": ""}), "glm-5")) | {"start": 1}, 1)
+    assert found is not None and found.verdict == "degenerate"

@@ -90,6 +90,25 @@ WRONG_MODES = {  # mode -> the verify/run.py verdict reasons it must produce, an
 }  # fmt: skip
 
 
+def test_a_server_answering_as_nan_logits_do_fails_naming_the_next_backend(
+    tmp_path: Path, containers: list[Container]
+) -> None:
+    """Every answer one token repeated (the double's nan-logits): not `wrong_answers` but `degenerate_answers`, exit
+    code 77, its reason naming the DSA backend to try next (common/report.py FAILURES)."""
+    c = start(tmp_path, "nan-logits", GLM5_CACHE_DIR=str(tmp_path / "cache"))
+    containers.append(c)
+    found, seen = settled(c)
+    found = recorded(c, found)
+    assert (found["phase"], found["failure_kind"], found["failed_code"]) == (
+        "failed",
+        "degenerate_answers",
+        77,
+    ), found
+    assert "GLM5_DSA_BACKEND=tilelang" in found["reason"] and "ready" not in seen, found["reason"]
+    assert found["verification"]["verdict"] == "degenerate", found["verification"]
+    assert scrape(c).get("glm5_start_failure_code{}") == 77.0
+
+
 @pytest.mark.parametrize("mode", sorted(WRONG_MODES))
 def test_a_wrong_server_never_turns_ready_and_says_which_items(
     mode: str, tmp_path: Path, containers: list[Container]

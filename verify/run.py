@@ -15,8 +15,9 @@ wholesale (one batch size's, one context length's, every tool call), while a cor
 - A run that fails is run once more (`settled`): the start is judged by the second run, so that a transient fault
   (a dropped connection, a batch composed differently) never fails a start alone. Greedy answers repeat, so a right
   model's wording cannot be cured by the rerun: that is the judges' part.
-- The verdict: `passed`; `wrong` when a group fails on its wrong answers alone; else `inconclusive` (a group fails
-  only with its inconclusive items counted).
+- The verdict: `passed`; `degenerate` when every item's reply is empty or one token repeated (what NaN decode
+  logits give: the attention backend's fault, not an item's); `wrong` when a group fails on its wrong answers alone;
+  else `inconclusive` (a group fails only with its inconclusive items counted).
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ class Result:
     )
     attempts: int = 1  # asks sent for this item
     max_tokens: int = 0  # the token bound of the last ask
+    degenerate: bool = False  # the reply as NaN decode logits leave it (`degenerate`)
 
 
 @dataclass
@@ -163,6 +165,16 @@ def judged(item: item_set.Item, reply: Reply) -> tuple[bool, str]:
     return right, received
 
 
+def degenerate(message: dict[str, Any]) -> bool:
+    """A reply as NaN decode logits leave it: nothing at all, or one token over and over (the same argmax at every
+    greedy step), in its reply and its reasoning alike; a tool call is never degenerate."""
+    if message.get("tool_calls"):
+        return False
+    text = " ".join(str(message.get(k) or "") for k in ("content", "reasoning_content")).strip()
+    words = text.split()
+    return not words or (len(words) >= 4 and len(set(words)) == 1) or (len(text) >= 8 and len(set(text)) == 1)
+
+
 def one(ask: Ask, model: str, item: item_set.Item, pause: float = TRANSPORT_PAUSE) -> Result:
     """An item asked and judged: again with LENGTH_FACTOR x its bound once when cut and not right, each ask
     repeated on transport errors."""
@@ -189,7 +201,8 @@ def one(ask: Ask, model: str, item: item_set.Item, pause: float = TRANSPORT_PAUS
             received = f"{received} (cut at max_tokens {budget}, after a cut at {item.max_tokens})"
         break
     return Result(item.id, item.kind, item.batch, len(item.prompt), tokens, str(item.expected), received, right,
-                  round(time.monotonic() - began, 3), outcome, attempts, budget)  # fmt: skip
+                  round(time.monotonic() - began, 3), outcome, attempts, budget,
+                  reply is not None and not right and degenerate(reply.message))  # fmt: skip
 
 
 def run(
@@ -250,10 +263,14 @@ def verdict(results: list[Result]) -> tuple[bool, list[str]]:
 
 
 def outcome(results: list[Result]) -> str:
-    """passed; wrong (a group fails on its wrong answers alone); inconclusive (only with inconclusive items)."""
+    """passed; degenerate (every answer empty or one token repeated: what NaN decode logits give, common/report.py
+    FAILURES `degenerate_answers`); wrong (a group fails on its wrong answers alone); inconclusive (only with
+    inconclusive items)."""
     failing = failing_groups(results)
     if not failing:
         return "passed"
+    if all(r.degenerate for r in results):
+        return "degenerate"
     return "wrong" if any(wrong for *_rest, wrong in failing) else "inconclusive"
 
 
