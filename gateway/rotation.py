@@ -212,8 +212,8 @@ def _slots(worker: dict[str, Any]) -> int | None:
 
 
 class Rotation(Collector):
-    """The replicas (`source`: the operator's file, or a listing such as pods()) in, smg's manifest (`target`) out;
-    its state as Prometheus metrics."""
+    """The replicas (`source`: the operator's file, or a listing such as pods()) in; smg's workers (`smg`) and the
+    record (`target`) out; its state as Prometheus metrics."""
 
     def __init__(
         self,

@@ -406,3 +406,16 @@ def test_host_tools_name_the_python_they_need(tmp_path: Path, tool: str, python3
     assert done.returncode == 127, done.stdout + done.stderr
     assert f"{tool}: error: python3" in done.stderr and said in done.stderr and "fix:" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_readme_promises_no_release_the_kit_does_not_publish() -> None:
+    """An update step that says "pull a new release" with nothing released sends users looking for what is not there:
+    the kit has no changelog and no release workflow yet, so the README says how it is updated instead."""
+    published = (ROOT / "CHANGELOG.md").exists() and any(
+        (ROOT / ".github" / "workflows").glob("release*.yml")
+    )
+    if not published:
+        assert not re.search(r"(?i)\b(pull|install|download) (a|the) (new |latest )?release", README), (
+            "a release"
+        )
+    assert "`git pull` the kit" in README or published
