@@ -16,8 +16,6 @@ from conftest import ROOT, kit_env
 from entrypoint import relay
 from helpers import oracles
 
-BENCH_PYTHON = ROOT / ".venv-bench" / "bin" / "python"
-
 LAUNCH = ROOT / "entrypoint" / "launch"
 
 
@@ -74,6 +72,7 @@ def real(rendered: list[config.Effective]) -> dict[str, Any]:
                 ]
                 for e in rendered
             ],
+            "dsa": [*DSA_SETS.values(), DSA_REFUSED],
         }
     )
 
@@ -122,52 +121,41 @@ def test_no_sm120_incompatible_backend_is_baked() -> None:
         assert bad not in argv
 
 
-# 0.5.23's own DSA rule (srt/arg_groups/overrides.py _check_dsa_backend_constraints), on an SM120 device as the box's.
-DSA_RULE = """
-import json, sys
-import torch
-from sglang.srt.arg_groups.overrides import _check_dsa_backend_constraints
-torch.cuda.get_device_capability = lambda *a: (12, 0)
-out = []
-for kv, prefill, decode in json.load(sys.stdin):
-    try:
-        _check_dsa_backend_constraints(kv, prefill, decode, hip=False)
-        out.append("ok")
-    except ValueError as err:
-        out.append(str(err))
-print(json.dumps(out))
-"""
+def dsa_flags(env: dict[str, str]) -> tuple[str, str, str]:
+    """The KV cache dtype and the two DSA backends the kit's flags give under `env`."""
+    argv = config.resolve(env).argv
+    kv, prefill, decode = (argv[argv.index(f) + 1] for f in ("--kv-cache-dtype", "--dsa-prefill-backend",
+                                                             "--dsa-decode-backend"))  # fmt: skip
+    return kv, prefill, decode
 
 
-def test_each_attention_alternative_is_a_named_value_that_passes_sglangs_dsa_rule() -> None:
+DSA_SETS = {
+    (kv, dsa): dsa_flags({"GLM5_KV_CACHE_DTYPE": kv, "GLM5_DSA_BACKEND": dsa})
+    for kv in settings.declarations()["GLM5_KV_CACHE_DTYPE"].choices
+    for dsa in settings.declarations()["GLM5_DSA_BACKEND"].choices
+}
+DSA_REFUSED = ("fp8_e4m3", "tilelang", "flashinfer_sparse_mla")  # a pair 0.5.23 refuses: the rule is live
+
+
+def test_each_attention_alternative_is_a_named_value_that_passes_sglangs_dsa_rule(
+    real: dict[str, Any],
+) -> None:
     """GLM5_DSA_BACKEND's values with both KV cache dtypes: the flags they give, and 0.5.23's own DSA check over each
-    set (a pair it refuses, tilelang with another backend on an fp8 cache, is refused there: the rule is live)."""
-
-    def flags(env: dict[str, str]) -> tuple[str, str, str]:
-        argv = config.resolve(env).argv
-        return tuple(argv[argv.index(f) + 1] for f in ("--kv-cache-dtype", "--dsa-prefill-backend",
-                                                        "--dsa-decode-backend"))  # type: ignore[return-value]  # fmt: skip
-
-    decl = settings.declarations()
-    sets = {
-        (kv, dsa): flags({"GLM5_KV_CACHE_DTYPE": kv, "GLM5_DSA_BACKEND": dsa})
-        for kv in decl["GLM5_KV_CACHE_DTYPE"].choices
-        for dsa in decl["GLM5_DSA_BACKEND"].choices
-    }
-    assert flags({}) == (
+    set, on an SM120 device (the oracle); tilelang with another backend on an fp8 cache is refused there."""
+    assert dsa_flags({}) == (
         "fp8_e4m3",
         "flashinfer_sparse_mla",
         "flashinfer_sparse_mla",
-    )  # 0.5.23's own SM12x pick
-    assert sets[("bf16", "auto")] == ("bf16", "tilelang", "tilelang")
-    assert sets[("fp8_e4m3", "tilelang")] == ("fp8_e4m3", "tilelang", "tilelang")  # the next try after NaN
-    assert sets[("fp8_e4m3", "trtllm")] == ("fp8_e4m3", "trtllm", "trtllm")
-    checked = [*sets.values(), ("fp8_e4m3", "tilelang", "flashinfer_sparse_mla")]
-    done = subprocess.run([str(BENCH_PYTHON), "-c", DSA_RULE], input=json.dumps(checked), capture_output=True,
-                          text=True, check=False, timeout=300)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
-    said = json.loads(done.stdout)
-    assert said[:-1] == ["ok"] * len(sets), dict(zip(sets, said, strict=False))
+    )  # 0.5.23's SM12x pick
+    assert DSA_SETS[("bf16", "auto")] == ("bf16", "tilelang", "tilelang")
+    assert DSA_SETS[("fp8_e4m3", "tilelang")] == (
+        "fp8_e4m3",
+        "tilelang",
+        "tilelang",
+    )  # the next try after NaN
+    assert DSA_SETS[("fp8_e4m3", "trtllm")] == ("fp8_e4m3", "trtllm", "trtllm")
+    said = real["dsa"]
+    assert said[:-1] == ["ok"] * len(DSA_SETS), dict(zip(DSA_SETS, said, strict=False))
     assert "requires both DSA backends to be tilelang" in said[-1]
     assert "GLM5_DSA_BACKEND=tilelang" in FAILURE["degenerate_answers"].fix  # the failure names the next try
 
