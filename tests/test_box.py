@@ -23,7 +23,7 @@ import pytest
 
 from conftest import ROOT
 from helpers.container import Container, free_port, start
-from helpers.gateway import KEY, Gateway, chat_request, in_rotation, p99, replace_each, two_replicas, wait_for
+from helpers.gateway import KEY, Gateway, chat_request, in_rotation, replace_each, two_replicas, wait_for
 
 pytestmark = [pytest.mark.boots]
 
@@ -94,59 +94,6 @@ def test_a_rolling_replacement_cuts_no_answer_longer_than_yesterdays_drain(
     assert len(results) >= 8 and not cut, figures
 
 
-@ROLLOUT
-def test_four_times_the_kv_capacity_waits_in_the_gateway_not_in_the_server(
-    tmp_path: Path, containers: list[Container]
-) -> None:
-    """Requests of 4k then 16k tokens (prompt and answer), 4x what the replicas' KV pools admit: none waits inside a
-    server for room in its pool past the gateway's queue timeout, the rest get 429 at once or 503 at the timeout."""
-    scale, answer, queue_timeout = 0.05, 1000, 2
-    pool = 4 * CONFIG["gateway"]["context_tokens"]  # admission: 4 a replica, from the server's own sizes line
-    env = {"GLM5_API_KEY": KEY, "GLM5_VERIFY": "off", "SGLANG_DOUBLE_TIME_SCALE": str(scale),
-           "SGLANG_DOUBLE_ANSWER_TOKENS": str(answer), "SGLANG_DOUBLE_MAX_TOTAL_TOKENS": str(pool)}  # fmt: skip
-    replicas = two_replicas(tmp_path, containers, env | {"SGLANG_DOUBLE_MODE": "box"})
-    gw = Gateway(tmp_path, {f"glm5-{n}": c for n, c in replicas.items()},
-                 smg_flags=("--queue-timeout-secs", str(queue_timeout)))  # fmt: skip
-    try:
-        gw.wait_healthy(2)
-        assert "--priority-scheduler-enabled" in gw.argv()
-        # each replica registered with what its own pool holds (its /ready, from its server's sizes line): smg admits 8
-        assert [w["slots"] for w in json.loads(gw.rotation.read_text())["workers"]] == [4, 4]
-        for context in (4096, 16384):
-            prompt = "word " * (
-                (context - answer) * 4 // 5 - 40
-            )  # about 4 characters a token (the double's rule)
-            results: list[tuple[int, bool, float]] = []
-            for _wave in range(2):
-                threads = [
-                    threading.Thread(target=lambda p=prompt, r=results: r.append(stream(gw.url, p, answer)))
-                    for _ in range(32)
-                ]
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join(timeout=60)
-            check_overload(context, results, replicas, queue_timeout)
-    finally:
-        gw.stop()
-
-
-def check_overload(
-    context: int, results: list[tuple[int, bool, float]], replicas: dict[str, Container], queue_timeout: float
-) -> None:
-    statuses = Counter(s for s, _, _ in results)
-    waited = {n: float((c.tmp / "kv-wait-seconds").read_text()) for n, c in replicas.items()}
-    figures = f"{len(results)} requests, {statuses}, p99 {p99([s for _, _, s in results]):.2f} s, longest wait in a server so far {waited}"
-    print(f"\nKV overload at {context} tokens: {figures}")
-    assert set(statuses) <= {200, 429, 503} and statuses[200] >= 16, figures
-    for status, _, seconds in results:
-        if status == 429:
-            assert seconds < 1.5, figures
-        elif status == 503:
-            assert seconds < queue_timeout + 1.5, figures
-    assert all(w < queue_timeout for w in waited.values()), figures
-
-
 @dataclass
 class Absent:
     """A replica the workers file lists that never started: its ports answer nothing."""
@@ -196,13 +143,18 @@ def test_a_missing_replicas_share_leaves_with_it(tmp_path: Path, containers: lis
         figures.append(f"{name}: {statuses[200]} admitted, {len(refused)} refused ({dict(statuses)}, the slowest "
                        f"refusal {max(refused, default=0):.2f} s), longest wait inside a server {waited}")  # fmt: skip
         print(f"\nmissing replica, {figures[-1]}")
-        assert set(statuses) <= {200, 429, 503} and statuses[200] >= 4, figures
+        assert set(statuses) <= {200, 429, 503} and statuses[200] >= 4 * len(replicas), (
+            figures
+        )  # each its share
         assert all(s < queue_timeout + 1.5 for s in refused), figures
         assert all(w < queue_timeout for w in waited.values()), figures
 
     try:
         gw.wait_healthy(2)
-        wave("autoscaling at its minimum (sized for 4, 2 serve)")
+        assert "--priority-scheduler-enabled" in gw.argv()
+        # each replica registered with what its own pool holds (its /ready, from its server's sizes line): smg admits 8
+        assert [w["slots"] for w in json.loads(gw.rotation.read_text())["workers"]] == [4, 4]
+        wave("autoscaling at its minimum (sized for 4, 2 serve)")  # every replica that runs serves: as before
         upgrade = replicas["b"]
         wave(
             "b stopped as an upgrade stops it",
