@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from common.report import Problem, Problems
-from configuration import compile_jobs, settings
-from configuration.batch_sizes import decode_batch_sizes, effective_decode_max_bs, prefill_token_sizes
+from configuration import compile_jobs, layout, settings
+from configuration.batch_sizes import decode_capture_sizes, prefill_capture_sizes
 from configuration.state import SERVER_CONFIG
 
 SERVER_PROGRAM = ("python3", "-m", "sglang.launch_server")
@@ -27,6 +27,7 @@ class Effective:
     env: dict[str, str]
     decode_sizes: list[int]
     prefill_sizes: list[int]
+    layout: layout.Layout
     overrides: dict[str, str] = field(default_factory=dict)
     # Options that must not be on any command line (the API key): written to the private server config file
     # that `--config` names (configuration/state.py), keyed by flag name without the dashes.
@@ -80,6 +81,8 @@ class Effective:
             "prefill_token_sizes": self.prefill_sizes,
             "prefill_expected": len(self.prefill_sizes),
             "speculative": self.values["speculative"],
+            "profile": self.layout.profile,
+            "attn_dp_size": self.layout.attn_dp_size,
         }
 
 
@@ -178,6 +181,11 @@ def resolve(environ: Mapping[str, str], config: Mapping[str, Any] | None = None)
     problems = check_extra_args(values["extra_args"], config)
     problems += check_health_timeout(values["health_timeout_seconds"], environ)
     problems += compile_jobs.check(environ)
+    try:
+        chosen = layout.resolve(values, config)
+    except Problem as problem:
+        problems.append(problem)
+        chosen = layout.Layout("latency", 1, (), "", "latency")
     argv = list(SERVER_PROGRAM)
     secret_options: dict[str, str] = {}
     for flag in config["flag"]:
@@ -209,6 +217,7 @@ def resolve(environ: Mapping[str, str], config: Mapping[str, Any] | None = None)
             argv += [flag["name"], str(flag["value"]).format(**values)]
     for setting in decls.values():
         argv += setting.flags.get(str(values[setting.key]), [])
+    argv += chosen.flags()
     argv += values["extra_args"]
     if secret_options:
         argv += [CONFIG_FLAG, str(Path(values["state_dir"]) / SERVER_CONFIG)]
@@ -218,7 +227,7 @@ def resolve(environ: Mapping[str, str], config: Mapping[str, Any] | None = None)
     values["cache_root"] = f"{values['cache_dir']}/build-{values['build_id']}"
     env = {e["name"]: str(e["value"]).format(**values) for e in config["env"] if "value" in e}
     spec = values["speculative"] != "off"
-    max_bs = effective_decode_max_bs(values["cuda_graph_max_bs_decode"], spec, values["max_running_requests"])
+    groups, tp = chosen.attn_dp_size, int(values["gpu_count"])
     prefill_max = min(8192, int(flag_value(argv, "--chunked-prefill-size") or 8192))
     applied = {
         s.name: environ[s.name].strip()
@@ -229,8 +238,11 @@ def resolve(environ: Mapping[str, str], config: Mapping[str, Any] | None = None)
         values,
         argv,
         env,
-        decode_batch_sizes(max_bs, spec),
-        prefill_token_sizes(prefill_max),
+        decode_capture_sizes(
+            values["cuda_graph_max_bs_decode"], spec, values["max_running_requests"], groups, tp
+        ),
+        prefill_capture_sizes(prefill_max, groups, tp),
+        chosen,
         applied,
         secret_options,
     )

@@ -72,6 +72,12 @@ def dry_run(effective: config.Effective, as_json: bool) -> int:
     print(
         f"# {compile_jobs.SETTING}={jobs} (run-time compiles; {'from the environment' if why == 'environment' else why})"
     )
+    for line in effective.layout.explain(settings.load_config()["gateway"]["context_tokens"]):
+        print(f"# {line}")
+    print(
+        f"# decode graphs expected {len(effective.decode_sizes)} a rank ({effective.decode_sizes[0]}.."
+        f"{effective.decode_sizes[-1]}), prefill shapes {len(effective.prefill_sizes)}"
+    )
     return 0
 
 

@@ -46,7 +46,22 @@ SETTINGS = [
         "GLM5_EXTRA_ARGS": "--enable-torch-compile --torch-compile-max-bs 16",
         "GLM5_API_KEY": "s3cret-0123456789abcdef",
     },
+    {"GLM5_PROFILE": "throughput"},
+    {"GLM5_PROFILE": "throughput", "GLM5_ATTN_DP_SIZE": "8"},
+    {"GLM5_PROFILE": "throughput", "GLM5_ATTN_DP_SIZE": "2", "GLM5_MAX_RUNNING_REQUESTS": "256"},
+    {"GLM5_PROFILE": "throughput", "GLM5_ATTN_DP_SIZE": "4", "GLM5_SPECULATIVE": "mtp"},
+    {
+        "GLM5_PROFILE": "throughput",
+        "GLM5_CUDA_GRAPH_MAX_BS_DECODE": "500",
+        "GLM5_MAX_RUNNING_REQUESTS": "1000",
+    },
 ]
+
+
+def rank_tokens(effective: config.Effective) -> int:
+    """A rank's KV pool in tokens, as the layout's arithmetic has it (what SGLang sizes its request pool from)."""
+    options = {o.attn_dp_size: o.pool_tokens for o in effective.layout.options}
+    return options.get(effective.layout.attn_dp_size, 427550)
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +76,7 @@ def real(rendered: list[config.Effective]) -> dict[str, Any]:
             "argvs": [
                 server_args(e.public_argv()) for e in rendered
             ],  # --config's file exists only at --serve
-            "decode": [
+            "capture": [
                 [
                     server_args(e.public_argv()),
                     batch_sizes.effective_decode_max_bs(
@@ -69,6 +84,8 @@ def real(rendered: list[config.Effective]) -> dict[str, Any]:
                         e.values["speculative"] != "off",
                         e.values["max_running_requests"],
                     ),
+                    rank_tokens(e),
+                    8192,  # --chunked-prefill-size, baked
                 ]
                 for e in rendered
             ],
@@ -94,9 +111,17 @@ def test_every_setting_passes_the_real_parser(real: dict[str, Any]) -> None:
 
 
 @pytest.mark.boots
-def test_decode_sizes_match_sglangs_rule(rendered: list[config.Effective], real: dict[str, Any]) -> None:
-    for env, effective, sizes in zip(SETTINGS, rendered, real["decode"], strict=True):
-        assert effective.decode_sizes == sizes, env
+def test_capture_lists_match_sglangs_rule(rendered: list[config.Effective], real: dict[str, Any]) -> None:
+    """What every rank captures, TP or DP attention: the list SGLang configures, then clamped to the rank's request
+    pool and aligned to its attention-TP size by 0.5.23's own functions (tests/helpers/sglang_oracle.py capture)."""
+    for env, effective, found in zip(SETTINGS, rendered, real["capture"], strict=True):
+        assert effective.decode_sizes == found["decode"], env
+        assert effective.prefill_sizes == found["prefill"], env
+    dp2 = rendered[SETTINGS.index({"GLM5_PROFILE": "throughput", "GLM5_ATTN_DP_SIZE": "2",
+                                   "GLM5_MAX_RUNNING_REQUESTS": "256"})]  # fmt: skip
+    assert (
+        dp2.decode_sizes[0] == 4 and dp2.decode_sizes[-1] == 128
+    )  # aligned to 4 GPUs, 256 split over 2 groups
 
 
 def test_baked_default_expects_52_decode_and_58_prefill_sizes() -> None:

@@ -1,0 +1,99 @@
+"""GLM5_PROFILE: the attention layout, the memory arithmetic that picks the attention-DP size, and its refusals."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from common.report import Problems
+from configuration import config, layout, settings
+from conftest import ROOT, kit_env
+
+FIXTURE = ROOT / "tests/fixtures/glm5-config"
+THROUGHPUT = {"GLM5_PROFILE": "throughput"}
+
+
+def test_the_recorded_dimensions_are_the_checkpoints() -> None:
+    """glm5.toml [layout].model stands in for config.json away from the weights: it must say what the checkpoint
+    says, the BF16 attention included (hf_quant_config.json leaves self_attn out of NVFP4)."""
+    recorded = settings.load_config()["layout"]["model"]
+    read = layout.model_of(str(FIXTURE), recorded)
+    assert read.source.endswith("config.json")
+    found = json.loads((FIXTURE / "config.json").read_text())
+    assert {k: found[k] for k in layout.DIMENSIONS} == {k: recorded[k] for k in layout.DIMENSIONS}
+    assert read.attention_bf16 is recorded["attention_bf16"] is True
+
+
+def test_attention_weights_and_the_cache_a_token_from_the_config() -> None:
+    model = layout.model_of(str(FIXTURE), settings.load_config()["layout"]["model"])
+    assert model.attention_params() == 13_602_521_088  # ~13.6B: 27.2 GB in BF16, 3.4 GB a GPU at TP8
+    # fp8: 656 B of MLA (512 + 4 x 4 scales + 64 x 2 rope) and 132 B of indexer key a layer, 78 layers
+    assert model.kv_bytes_per_token("fp8_e4m3") == (656 + 132) * 78 == 61_464
+
+
+def test_throughput_picks_the_size_whose_groups_hold_the_most_requests() -> None:
+    """Each GPU of an attention-DP group holds 1/(8/D) of the BF16 attention weights: the cache a GPU keeps shrinks by
+    1/8 of them per step of D, and at D=8 almost nothing is left. Without the attention weights in the arithmetic
+    every D would keep the same pool and D=8 would look 8 times better."""
+    chosen = config.resolve(THROUGHPUT).layout
+    by_size = {o.attn_dp_size: o for o in chosen.options}
+    step = by_size[1].kv_gib_per_gpu - by_size[2].kv_gib_per_gpu
+    assert step == pytest.approx(25.34 / 8, abs=0.01)  # the attention weights' 1/8, in GiB
+    assert by_size[8].kv_gib_per_gpu == pytest.approx(by_size[1].kv_gib_per_gpu - 7 * step)
+    assert chosen.attn_dp_size == 4
+    assert [by_size[d].requests for d in (1, 2, 4, 8)] == [26, 44, 60, 16]  # of 16k tokens: estimates
+    assert config.resolve(THROUGHPUT).argv[-2:] == ["--attn-dp-size", "4"]
+
+
+def test_a_pinned_size_wins_and_latency_runs_tp_attention() -> None:
+    pinned = config.resolve(THROUGHPUT | {"GLM5_ATTN_DP_SIZE": "8"})
+    assert pinned.layout.attn_dp_size == 8 and pinned.layout.how == "GLM5_ATTN_DP_SIZE"
+    latency = config.resolve({})
+    assert "--attn-dp-size" not in latency.argv and latency.state({})["attn_dp_size"] == 1
+
+
+@pytest.mark.parametrize(
+    ("env", "said"),
+    [
+        ({"GLM5_ATTN_DP_SIZE": "4"}, "GLM5_ATTN_DP_SIZE: 4 applies to DP attention only"),
+        (
+            {"GLM5_PROFILE": "fast"},
+            "GLM5_PROFILE: 'fast' is not a choice; fix: use one of latency, throughput",
+        ),
+        (
+            {"GLM5_EXTRA_ARGS": "--enable-dp-attention --dp-size 8"},
+            "fix: DP attention is GLM5_PROFILE=throughput",
+        ),
+        ({"GLM5_EXTRA_ARGS": "--data-parallel-size 8"}, "fix: DP attention is GLM5_PROFILE=throughput"),
+        (
+            {"GLM5_EXTRA_ARGS": "--attn-dp-size 8"},
+            "--attn-dp-size is set by the configuration; fix: use GLM5_PROFILE",
+        ),
+        (
+            {"GLM5_EXTRA_ARGS": "--attention-data-parallel-size 2"},
+            "sglang's other name of --attn-dp-size, is set by the configuration; fix: use GLM5_PROFILE",
+        ),
+    ],
+)
+def test_dp_attention_anywhere_else_is_refused_with_the_setting(env: dict[str, str], said: str) -> None:
+    with pytest.raises(Problems) as err:
+        config.resolve(env)
+    assert said in str(err.value)
+
+
+def test_the_dry_run_shows_the_arithmetic_that_chose_the_size() -> None:
+    done = subprocess.run(
+        [str(ROOT / "entrypoint/launch"), "--dry-run"],
+        capture_output=True,
+        text=True,
+        env=kit_env(GLM5_PROFILE="throughput", GLM5_MODEL_DIR=str(FIXTURE)),
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert " --attn-dp-size 4" in done.stdout.splitlines()[0]
+    assert f"estimates from {FIXTURE}/config.json" in done.stdout
+    rows = [line.split() for line in done.stdout.splitlines() if line.startswith("#   ")]
+    assert [r[1] for r in rows[1:]] == ["1", "2", "4", "8"] and rows[3][-2:] == ["<-", "runs"]
+    assert "# decode graphs expected 51 a rank (2..512), prefill shapes 58" in done.stdout
