@@ -39,40 +39,43 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, start_http_server
 
-from common.report import INVALID_SETTING, USAGE, Log, Problems
+from common.report import INVALID_SETTING, USAGE, Log, Problem, Problems
 from configuration import admission as kv
-from configuration import settings
-from configuration.batch_sizes import effective_decode_max_bs
+from configuration import layout, settings
+from configuration.batch_sizes import decode_capture_sizes
 from gateway.rotation import Registry, Rotation, Slots, pods, read_workers
 
 LOG = Log("gateway")
 
 
 def slots(values: Mapping[str, Any], gateways: int = 1) -> Slots:
-    """What one gateway admits to a replica of a given KV pool (None: unknown, [gateway].kv_tokens): what the pool
-    holds of [gateway].context_tokens, at most its largest captured decode batch, shared by `gateways` gateways (smg
-    bounds each process alone)."""
+    """What one gateway admits to a replica whose attention-DP groups (1: TP attention) each hold a KV pool (None:
+    unknown, [gateway].kv_tokens): per group what its pool holds of [gateway].context_tokens, at most the largest
+    decode batch a rank captures (its share of the running requests under DP attention), shared by `gateways`
+    gateways (smg bounds each process alone)."""
     gw = settings.load_config()["gateway"]
-    graphs = effective_decode_max_bs(
-        values["cuda_graph_max_bs_decode"], values["speculative"] != "off", values["max_running_requests"]
-    )
 
-    def admitted(pool: float | None) -> int:
-        return max(
-            1, kv.per_replica(graphs, pool or gw["kv_tokens"], gw["context_tokens"]) // max(1, gateways)
-        )
+    def admitted(pool: float | None, groups: int = 1) -> int:
+        graphs = decode_capture_sizes(
+            values["cuda_graph_max_bs_decode"], values["speculative"] != "off", values["max_running_requests"],
+            groups, int(values["gpu_count"]),
+        )[-1]  # fmt: skip
+        held = groups * kv.per_replica(graphs, pool or gw["kv_tokens"], gw["context_tokens"])
+        return max(1, held // max(1, gateways))
 
     return admitted
 
 
-def admission(values: Mapping[str, Any], replicas: int, config: str, gateways: int = 1) -> list[str]:
+def admission(
+    values: Mapping[str, Any], replicas: int, config: str, gateways: int = 1, groups: int = 1
+) -> list[str]:
     """smg's admission: its priority scheduler, which admits the sum of the slots the rotation registers each ready
     replica with (`slots`), so a missing replica's share is never offered to the others; the queue and the bound
     used while no replica is registered are sized for `replicas` (glm5.toml [gateway] says why these sizes), and the
     routing keeps each replica near its capacity. `config`: where the scheduler's classes are written
-    (`scheduler_classes`)."""
+    (`scheduler_classes`). `groups`: the replicas' attention-DP groups (GLM5_PROFILE)."""
     gw = settings.load_config()["gateway"]
-    per_replica = slots(values)(None)
+    per_replica = slots(values)(None, groups)
     bound = max(1, max(1, replicas) * per_replica // max(1, gateways))
     # cache_aware keeps a shared prefix on one replica until its load passes the fleet's mean by the spill margin
     # (smg's default: 64 requests and 1.5 times the mean): at saturation, where the mean is a replica's capacity, one
@@ -105,17 +108,17 @@ def scheduler_classes(queue_size: int, queue_timeout_secs: int) -> str:
     )
 
 
-def smg_argv(values: Mapping[str, Any], args: argparse.Namespace) -> list[str]:
-    """smg's arguments, without the key."""
+def smg_argv(values: Mapping[str, Any], args: argparse.Namespace, groups: int = 1) -> list[str]:
+    """smg's arguments, without the key; `groups`: the replicas' attention-DP groups."""
     gw = settings.load_config()["gateway"]
     argv = ["--host", "0.0.0.0", "--port", str(gw["port"]), "--prometheus-port", str(gw["metrics_port"])]
     argv += ["--prometheus-host", "0.0.0.0", "--health-check-port", str(gw["probe_port"])]
     argv += [str(f).format(**values) for f in gw["flags"]]
     config = str(scheduler_file(args))
     if args.discovery_file:
-        argv += admission(values, len(read_workers(Path(args.discovery_file)) or []), config)
+        argv += admission(values, len(read_workers(Path(args.discovery_file)) or []), config, 1, groups)
     elif args.kubernetes:
-        argv += admission(values, args.replicas or int(gw["replicas"]), config, int(gw["gateways"]))
+        argv += admission(values, args.replicas or int(gw["replicas"]), config, int(gw["gateways"]), groups)
     # No discovery flags: the rotation registers the ready replicas through smg's API (gateway/rotation.py says why
     # not smg's own discovery).
     return argv + args.smg_flags
@@ -164,10 +167,14 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
         )
     try:
         values = settings.resolve(settings.container_environment(environ))
+        groups = layout.resolve(values, settings.load_config()).attn_dp_size  # the replicas' own settings
     except Problems as err:
         LOG.problems(err.problems)
         return INVALID_SETTING
-    public = smg_argv(values, args)
+    except Problem as problem:
+        LOG.problems([problem])
+        return INVALID_SETTING
+    public = smg_argv(values, args, groups)
     key = values["api_key"]
     from smg.launch_router import launch_router, parse_router_args
 

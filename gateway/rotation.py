@@ -72,14 +72,16 @@ class Answer(NamedTuple):
     ready: bool
     said: str  # its phase, or why it did not answer
     pool: float | None = (
-        None  # its KV pool in tokens (max_total_num_tokens, read from its server's log), if known
+        None  # a KV pool in tokens (max_total_num_tokens, read from its server's log), if known
+    )
+    groups: int = (
+        1  # the attention-DP groups that each hold such a pool (GLM5_PROFILE=throughput: --attn-dp-size)
     )
 
 
 Ask = Callable[[str], Answer]  # ready URL -> what it said
-Slots = Callable[
-    [float | None], int
-]  # a replica's KV pool (None: unknown) -> the requests the gateway admits to it
+# A replica's pool (None: unknown) and its attention-DP groups -> the requests the gateway admits to it.
+Slots = Callable[[float | None, int], int]
 Listing = Callable[[], "list[Worker] | None"]  # the replicas now; None: unknown (the last good list stays)
 Resolve = Callable[[str, int], list[str]]  # host, port -> its addresses (raises OSError when it cannot tell)
 
@@ -130,7 +132,8 @@ def ready_url(worker: Worker, exporter_port: int) -> str:
 
 
 def answer_of(ready: bool, body: bytes, otherwise: str) -> Answer:
-    """What an exporter's /ready body says: the phase it names (else `otherwise`) and the KV pool of its capacity."""
+    """What an exporter's /ready body says: the phase it names (else `otherwise`), the KV pool of its capacity and the
+    attention-DP groups that each hold one."""
     try:
         doc = json.loads(body)
     except ValueError:
@@ -138,11 +141,13 @@ def answer_of(ready: bool, body: bytes, otherwise: str) -> Answer:
     doc = doc if isinstance(doc, dict) else {}
     phase = doc.get("phase")
     capacity = doc.get("capacity")
-    pool = capacity.get("max_total_num_tokens") if isinstance(capacity, dict) else None
+    capacity = capacity if isinstance(capacity, dict) else {}
+    pool, groups = capacity.get("max_total_num_tokens"), capacity.get("attn_dp_size", 1)
     return Answer(
         ready,
         phase if isinstance(phase, str) and phase else otherwise,
         float(pool) if isinstance(pool, int | float) and pool > 0 else None,
+        int(groups) if isinstance(groups, int | float) and groups >= 1 else 1,
     )
 
 
@@ -242,7 +247,7 @@ class Rotation(Collector):
             answers = list(pool.map(lambda w: self.ask(ready_url(w, self.exporter_port)), self.workers))
         now = {w["url"]: answer for w, answer in zip(self.workers, answers, strict=True)}
         for worker in self.workers:
-            ready, said, _pool = now[worker["url"]]
+            ready, said = now[worker["url"]].ready, now[worker["url"]].said
             was = self.state.get(worker["url"])
             if was is None or was.ready != ready:
                 name = worker.get("id", worker["url"])
@@ -250,7 +255,7 @@ class Rotation(Collector):
         for url in set(self.state) - set(now):
             LOG.info(f"{url} is no longer listed: out of the rotation")
         serving = [w for w in self.workers if now[w["url"]].ready]
-        slots = {w["url"]: self.slots(now[w["url"]].pool) for w in serving}
+        slots = {w["url"]: self.slots(now[w["url"]].pool, now[w["url"]].groups) for w in serving}
         self.state = now
         if self.smg is not None:
             try:
@@ -292,7 +297,7 @@ class Rotation(Collector):
             url = worker["url"]
             if url not in state:
                 continue
-            ready, said, _pool = state[url]
+            ready, said = state[url].ready, state[url].said
             ids = [url, worker.get("id", url)]
             within.add_metric(ids, float(ready))
             heard = not said.startswith(NO_ANSWER)

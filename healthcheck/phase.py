@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from common.report import FAILURE
 from healthcheck.logscan import Scan
-from healthcheck.verdict import Counts, Observation, Phase, Stop, Verdict
+from healthcheck.verdict import Counts, Observation, Phase, Run, Stop, Verdict
 
 DECODE_DONE = ("decode_end", "decode_end_legacy")
 DECODE_STARTED = ("decode_begin", "decode_list_legacy", "decode_frame")
@@ -94,6 +94,14 @@ def crash(scan: Scan) -> tuple[str, str]:
     return kind, explain_failure(scan)
 
 
+def capacity(scan: Scan, run: Run) -> dict[str, float] | None:
+    """The scheduler's sizes line (rank 0's: under DP attention one group's pool, every group alike) and the
+    attention-DP groups the start runs (launch.json), so that a reader sizes the replica as groups x pool."""
+    if scan.capacity is None:
+        return None
+    return scan.capacity | {"attn_dp_size": float(run.attn_dp_size)}
+
+
 def decide(obs: Observation) -> Verdict:
     """The phase from the log, the process and /health. `obs.alive`: the current start's server process lives (None:
     unknown); `obs.http`: what /health answered (None: not asked); `obs.quiet`: seconds since the log last grew,
@@ -106,7 +114,7 @@ def decide(obs: Observation) -> Verdict:
     v = Verdict(
         phase=Phase.STARTING, reason=None, start=scan.start, started_at=scan.started_at, ready_at=scan.ready_at,
         captured=captured, expected=expected, ready_line="ready" in scan.seen, http=obs.http,
-        server_alive=obs.alive, capacity=scan.capacity, failure_kind=None, hung=False, failed_code=None,
+        server_alive=obs.alive, capacity=capacity(scan, run), failure_kind=None, hung=False, failed_code=None,
         verify=None, verification=None, doctor_warnings=obs.doctor_warnings, log=str(run.log_path),
         log_quiet_seconds=None if obs.quiet is None else round(obs.quiet, 1),
     )  # fmt: skip
@@ -305,9 +313,11 @@ def ready(v: Verdict) -> str:
     if v.verification is not None and v.verification.passed:
         what += f", verified {v.verification.right}/{v.verification.items}"
     if v.capacity is not None:
+        groups = v.capacity.get("attn_dp_size", 1)
+        each = f" a group x {groups:.0f} attention-DP groups" if groups > 1 else ""
         what += (
-            f", {v.capacity['max_total_num_tokens']:.0f} KV tokens, "
-            f"{v.capacity['max_running_requests']:.0f} running requests at most"
+            f", {v.capacity['max_total_num_tokens']:.0f} KV tokens{each}, "
+            f"{v.capacity['max_running_requests']:.0f} running requests at most{' a group' if groups > 1 else ''}"
         )
     return what + (f", {v.reason}" if v.reason else "")
 

@@ -63,6 +63,9 @@ def run_of(environ: Mapping[str, str]) -> Run:
         accept_partial=bool(values["accept_partial_capture"]),
         verify=str(values["verify"]),
         on_failure=str(values.get("on_failure", "wait")),
+        attn_dp_size=int(
+            values.get("attn_dp_size", 1)
+        ),  # launch.json's; glm5.toml's arithmetic is not rerun here
     )
 
 

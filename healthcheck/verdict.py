@@ -108,6 +108,9 @@ class Run(NamedTuple):
     offline: bool = False  # a saved log alone (`--log`): no state file is read
     expect_decode: int | None = None  # the CLI's --expect-decode over the start's own count
     tail_bytes: int = TAIL_BYTES
+    attn_dp_size: int = (
+        1  # GLM5_PROFILE=throughput: attention-DP groups, each with the pool rank 0's line names
+    )
 
 
 class Stop(NamedTuple):

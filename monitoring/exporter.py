@@ -57,6 +57,7 @@ NAMES = (
     "glm5_capacity_max_prefill_tokens",
     "glm5_capacity_chunked_prefill_size",
     "glm5_capacity_available_gpu_memory_bytes",
+    "glm5_capacity_attn_dp_size",
     "glm5_verification_passed",
     "glm5_verification_accuracy",
     "glm5_verification_items_wrong",
@@ -193,6 +194,9 @@ def capacity(room: Mapping[str, float] | None) -> Iterator[Metric]:
         gauge("glm5_capacity_chunked_prefill_size", "Prefill chunk, tokens (-1: not chunked)", room["chunked_prefill_size"]),
         gauge("glm5_capacity_available_gpu_memory_bytes", "GPU memory left after the KV pool and graphs (rank 0)",
               room["available_gpu_mem_gb"] * 2**30),
+        gauge("glm5_capacity_attn_dp_size", "Attention-DP groups (GLM5_PROFILE=throughput), each holding the KV pool "
+              "and running the requests above: the replica holds this many times them (1: TP attention)",
+              room.get("attn_dp_size", 1.0)),
     )  # fmt: skip
     yield from (f for f in families if f is not None)
 

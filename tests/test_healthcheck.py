@@ -50,6 +50,20 @@ def test_saved_logs_of_several_versions(
     assert code == (0 if phase == "ready" else 1)
 
 
+def test_a_dp_attention_start_reads_ready_with_the_lists_its_ranks_capture() -> None:
+    """GLM5_PROFILE=throughput (attention-DP 4, two GPUs a group): 0.5.23 captures no decode batch of 1 there (batches
+    are multiples of the attention-TP size), and the kit expects that list, so the start reads ready with no partial
+    acceptance; judged by TP attention's list the same log is a short capture."""
+    dp_log = str(LOGS / "sglang-0.5.23-dp-attention-4.log")
+    code, state = probe("--log", dp_log, "--no-http", GLM5_PROFILE="throughput")
+    assert state["phase"] == "ready" and code == 0, state
+    assert (state["decode_captured"], state["decode_expected"]) == (51, 51)
+    assert (state["prefill_captured"], state["prefill_expected"]) == (58, 58)
+    assert state["capacity"]["max_total_num_tokens"] == 261569  # one group's pool, from DP0 TP0's line
+    code, state = probe("--log", dp_log, "--no-http")
+    assert (state["phase"], state["failure_kind"], state["decode_expected"]) == ("failed", "decode_short", 52)
+
+
 def test_failure_reasons_say_what_and_where() -> None:
     _, oom = probe("--log", str(LOGS / "sglang-0.5.23-oom-during-decode-capture.log"), "--no-http")
     assert "CUDA out of memory" in oom["reason"] and "during decode graph capture (6/52)" in oom["reason"]

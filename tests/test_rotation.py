@@ -27,9 +27,9 @@ def workers_file(path: Path, *workers: dict[str, str]) -> Path:
     return path
 
 
-def pools(pool: float | None) -> int:
+def pools(pool: float | None, groups: int = 1) -> int:
     """A replica's share as launch sizes it: 25 requests of 16k for an unknown pool, else what its pool holds."""
-    return int(pool or 412_160) // 16_384
+    return groups * (int(pool or 412_160) // 16_384)
 
 
 class Smg:
@@ -72,6 +72,10 @@ def test_smg_is_given_only_the_ready_replicas_each_with_what_its_pool_holds(tmp_
     assert turn.step() is True
     assert [w["id"] for w in json.loads(target.read_text())["workers"]] == ["b"]
     assert smg.given[-1] == {"http://10.0.0.2:30000": 25}
+    ready["http://10.0.0.2:9/ready"] = Answer(
+        True, "ready", 163_840.0, 4
+    )  # restarted with 4 attention-DP groups
+    assert turn.step() is True and smg.given[-1] == {"http://10.0.0.2:30000": 40}  # each group its own 10
     source.write_text("{not json")  # an editor's half-written file: the last good list stays
     assert turn.step() is False and [w["id"] for w in turn.workers] == ["a", "b"]
 
@@ -119,15 +123,23 @@ def test_a_replica_is_ready_only_when_its_exporter_answers_200(exporter: str) ->
     Ready.answers = {"/ok": (200, {"phase": "ready"}), "/drain": (503, {"phase": "draining"}),
                      "/odd": (503, {}), "/null": (503, {"phase": None}), "/list": (200, [1]),
                      "/pool": (200, {"phase": "ready", "capacity": {"max_total_num_tokens": 412160}}),
-                     "/no-pool": (200, {"phase": "ready", "capacity": {"max_total_num_tokens": None}})}  # fmt: skip
-    assert rotation.ask_ready(exporter + "/ok") == (True, "ready", None)
-    assert rotation.ask_ready(exporter + "/pool") == (True, "ready", 412160.0)  # its server's own sizes line
-    assert rotation.ask_ready(exporter + "/no-pool") == (True, "ready", None)
-    assert rotation.ask_ready(exporter + "/drain") == (False, "draining", None)
-    assert rotation.ask_ready(exporter + "/odd") == (False, "503", None)
-    assert rotation.ask_ready(exporter + "/null") == (False, "503", None)  # a body that names no phase
-    assert rotation.ask_ready(exporter + "/list") == (True, "ready", None)
-    ready, said, _ = rotation.ask_ready("http://127.0.0.1:9/ready")  # nothing listens: the box is gone
+                     "/no-pool": (200, {"phase": "ready", "capacity": {"max_total_num_tokens": None}}),
+                     "/groups": (200, {"phase": "ready", "capacity": {"max_total_num_tokens": 261569,
+                                                                    "attn_dp_size": 4.0}})}  # fmt: skip
+    assert rotation.ask_ready(exporter + "/ok") == (True, "ready", None, 1)
+    assert rotation.ask_ready(exporter + "/pool") == (
+        True,
+        "ready",
+        412160.0,
+        1,
+    )  # its server's own sizes line
+    assert rotation.ask_ready(exporter + "/no-pool") == (True, "ready", None, 1)
+    assert rotation.ask_ready(exporter + "/drain") == (False, "draining", None, 1)
+    assert rotation.ask_ready(exporter + "/odd") == (False, "503", None, 1)
+    assert rotation.ask_ready(exporter + "/null") == (False, "503", None, 1)  # a body that names no phase
+    assert rotation.ask_ready(exporter + "/list") == (True, "ready", None, 1)
+    assert rotation.ask_ready(exporter + "/groups") == (True, "ready", 261569.0, 4)  # DP attention: 4 pools
+    ready, said, *_ = rotation.ask_ready("http://127.0.0.1:9/ready")  # nothing listens: the box is gone
     assert not ready and said.startswith("no answer")
 
 
@@ -147,6 +159,16 @@ def test_each_replicas_share_is_what_its_pool_holds_and_smg_admits_their_sum() -
         launch.slots(settings.resolve({"GLM5_MAX_RUNNING_REQUESTS": "64"}))(8_400_000) == 64
     )  # caps the graphs
     assert launch.slots(settings.resolve({}), gateways=2)(None) == 12  # two gateways share a replica
+    # DP attention (GLM5_PROFILE=throughput, 4 groups): the line names one group's pool, and each group runs its own
+    # requests: 4 x what 261,569 tokens hold of 16k (15) = 60, where one TP-attention pool of that size holds 15.
+    dp = launch.slots(settings.resolve({"GLM5_PROFILE": "throughput"}))
+    assert dp(261_569, 4) == 60 and dp(261_569, 1) == 15
+    # A rank's graphs bound its group: 256 running requests over 4 groups capture up to 64 each (2 GPUs a group).
+    capped = launch.slots(
+        settings.resolve({"GLM5_PROFILE": "throughput", "GLM5_MAX_RUNNING_REQUESTS": "256"})
+    )
+    assert capped(8_400_000, 4) == 4 * 64
+    assert flags(2)["--max-concurrent-requests"] == "50"  # TP attention's bound: 2 x 25
     default = flags(2)
     # smg's priority scheduler sums the shares the rotation registers; the legacy bound and the queue are for the
     # replicas listed (the bound acts only while smg has no replica)
