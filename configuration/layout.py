@@ -158,7 +158,7 @@ def resolve(values: Mapping[str, Any], config: Mapping[str, Any]) -> Layout:
     """The layout under the resolved settings (`values`: GLM5_PROFILE, GLM5_ATTN_DP_SIZE, the memory fraction, the
     KV dtype and [gateway].context_tokens); raises a Problem naming the setting when they disagree."""
     layout = config["layout"]
-    profile, pinned = values["profile"], values["attn_dp_size"]
+    profile, pinned = values["profile"], values["attn_dp_choice"]
     if profile == "latency":
         if pinned != "auto":
             raise Problem(
