@@ -41,6 +41,9 @@ FILES = (STARTS, LAUNCH, CAPTURE, STOPPED, HANGS, SERVER_CONFIG, FAILED, DOCTOR,
 BUILD_VERIFICATION = (
     "verification.json"  # on the cache volume, in the folder of one image build (verify/gate.py)
 )
+PCIE_IPC_CHECK = (
+    "pcie-ipc-allreduce.json"  # at the cache volume's root: the doctor's PCIe-IPC all-reduce check
+)
 MARKER_TEXT = "glm5-serve: server start #"
 MARKER = re.compile(
     rb"glm5-serve: server start #(\d+) at (\S+)(?: pid \d+: decode graphs expected (\d+), prefill (\d+))?"
@@ -76,6 +79,7 @@ RECORDS: tuple[Record, ...] = (
     Record(DOCTOR, ("entrypoint/launch.py",), "launch --prepare", "launch --serve (into launch.json)", "none: the box, checked once per container before its first start", "the container", "the doctor's warnings about this box"),
     Record(VERIFIED, ("verify/gate.py",), "verify/gate, after a start's warm-up; nothing for a start that ended meanwhile", "every prober, the gate, people", "`start`, `build_id`", "until the next start's", "the start's verification: `passed`, `verdict`, `accuracy`, `reasons`, `regressed`, `results` (verify/run.py's summary)"),
     Record(SERVER_CONFIG, ("entrypoint/launch.py",), "launch --serve", "the server (`--config`)", "none: it lives only while its start's server runs", "removed when the server exits", "options that must be on no command line (the API key); mode 0600, on a tmpfs in compose and the pod"),
+    Record(PCIE_IPC_CHECK, ("entrypoint/doctor.py",), "entrypoint/doctor --ipc (the pcie_ipc_allreduce check)", "configuration/allreduce_choice.py decide, for the start's all-reduce", "none: `fingerprint` (the GPUs, the driver, the image build) says which box it is about", "the cache volume, until the next check; stale once the fingerprint differs", "whether FlashInfer's PCIe-IPC all-reduce finished and matched NCCL on these GPUs: `ok`, `at`, `detail`, `sizes`"),
     Record(BUILD_VERIFICATION, ("verify/gate.py",), "verify/gate, with verified.json", "verify/gate, at a later build's start", "`start`, `build_id`", "the cache volume, one per image build", "the build's newest verification, to name what a later build answers wrongly (`regressed`)"),
 )  # fmt: skip
 # The functions here that write each record: tests/test_start_state.py finds their callers in the product code.
@@ -89,6 +93,7 @@ WRITERS: dict[str, tuple[str, ...]] = {
     DOCTOR: ("write_doctor",),
     VERIFIED: ("write_verified",),
     SERVER_CONFIG: ("write_server_config", "remove_server_config"),
+    PCIE_IPC_CHECK: ("write_pcie_ipc_check",),
     BUILD_VERIFICATION: ("BUILD_VERIFICATION",),  # written with write_whole, a helper of many: by its name
 }
 
@@ -322,3 +327,16 @@ def write_server_config(state_dir: str | Path, options: dict[str, str]) -> Path:
 
 def remove_server_config(state_dir: str | Path) -> None:
     path(state_dir, SERVER_CONFIG).unlink(missing_ok=True)
+
+
+def write_pcie_ipc_check(cache_dir: str | Path, record: dict[str, Any]) -> Path:
+    """Keep the doctor's PCIe-IPC all-reduce check on the cache volume (whole or not at all); its folder created."""
+    file = Path(cache_dir) / PCIE_IPC_CHECK
+    file.parent.mkdir(parents=True, exist_ok=True)
+    write_whole(file, json.dumps(record, indent=2) + "\n")
+    return file
+
+
+def read_pcie_ipc_check(cache_dir: str | Path) -> dict[str, Any] | None:
+    """The kept check, or None when there is none (or it cannot be read: the check runs again)."""
+    return read_json(Path(cache_dir) / PCIE_IPC_CHECK)

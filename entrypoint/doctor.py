@@ -1,12 +1,14 @@
 """Hardware doctor: in seconds, whether this box can run GLM-5 at TP8 well, before a 10-minute load.
 
-    entrypoint/doctor [--json] [--host] [--nccl] [--only NAME,...]
+    entrypoint/doctor [--json] [--host] [--nccl] [--ipc] [--only NAME,...]
     docker compose run --rm glm5 doctor        (the same inside the image; in the pod: kubectl exec ... doctor)
     sudo entrypoint/doctor --host              (on the host, from the kit's checkout: reads ACS with lspci as root)
 
 Named checks, each `pass`, `warn`, `fail` or `unknown` (the data could not be read; never a crash) with a
 detail and a fix: gpus, mig, pcie_link, topology, p2p, iommu, acs, power, shm, kernels, and with --nccl
-nccl_allreduce (a real all-reduce over every GPU, about a minute). Preflight runs the fast ones: a fail
+nccl_allreduce (a real all-reduce over every GPU, about a minute), with --ipc pcie_ipc_allreduce (FlashInfer's
+PCIe-IPC all-reduce against NCCL's at the decode sizes, kept on the cache volume with the box's fingerprint: the
+start's all-reduce is decided from it, configuration/allreduce_choice.py). Preflight runs the fast ones: a fail
 stops the start, a warn is logged and recorded in launch.json. Exit 0 when no check fails, 1 otherwise.
 
 Every reading comes from the tool that owns it (nvidia-smi, lspci, /proc, /sys); the parsers follow real
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import datetime
 import io
 import json
 import os
@@ -31,7 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from common.report import INVALID_SETTING, Log, Problem, Problems
-from configuration import settings
+from configuration import allreduce_choice, settings, state
+from configuration.config import build_id
 
 STATUSES = ("pass", "warn", "fail", "unknown")
 GPU_QUERY = "index,pci.bus_id,name,compute_cap,memory.total,driver_version"
@@ -619,8 +623,96 @@ def check_nccl(box: Box) -> Check:
     )
 
 
+def measure_pcie_ipc(box: Box) -> dict[str, Any]:
+    """`python3 -m entrypoint.allreduce --backend pcie_ipc --json`: its report, or one saying why there is none.
+    The workers' hang bound is 120 s; the first run also compiles the kernels (not prebuilt), hence the wider bound."""
+    kit = str(Path(__file__).resolve().parent.parent)
+    env = box.environ | {"PYTHONPATH": kit, "NCCL_NVLS_ENABLE": box.environ.get("NCCL_NVLS_ENABLE", "0")}
+    argv = [
+        sys.executable,
+        "-m",
+        "entrypoint.allreduce",
+        "--backend",
+        "pcie_ipc",
+        "--json",
+        "--timeout",
+        "120",
+    ]
+    try:
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=IPC_BOUND_SECONDS, check=False, env=env
+        )
+        found = json.loads(done.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as err:
+        return {"ok": False, "error": f"the PCIe-IPC all-reduce did not run: {err}"}
+    return found if isinstance(found, dict) else {"ok": False, "error": f"an unreadable report: {found!r}"}
+
+
+def box_fingerprint(box: Box, values: Mapping[str, Any]) -> allreduce_choice.Fingerprint | None:
+    text = box.smi(f"--query-gpu={allreduce_choice.FINGERPRINT_QUERY}", "--format=csv")
+    return None if text is None else allreduce_choice.parse_fingerprint(text, build_id(values["home"]))
+
+
+def ipc_summary(result: Mapping[str, Any]) -> str:
+    sizes = result.get("sizes") or []
+    served = [r for r in sizes if r.get("served")]
+    if not served:
+        return f"{result.get('gpus')} GPUs, no decode size served by the kernels (each stays on NCCL)"
+    widest, narrowest = served[-1], served[0]
+    return (
+        f"{result.get('gpus')} GPUs, {len(served)} of {len(sizes)} decode sizes served by the kernels and equal to "
+        f"NCCL's within the bf16 bound; rows {narrowest['rows']}: {narrowest['ipc_seconds'] * 1e6:.1f} us vs NCCL "
+        f"{narrowest['nccl_seconds'] * 1e6:.1f} us, rows {widest['rows']}: {widest['ipc_seconds'] * 1e6:.1f} us vs "
+        f"{widest['nccl_seconds'] * 1e6:.1f} us"
+    )
+
+
+def ipc_record(
+    result: Mapping[str, Any], found: Check, fingerprint: allreduce_choice.Fingerprint | None
+) -> dict[str, Any]:
+    at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    return {
+        "check": found.name,
+        "ok": found.status == "pass",
+        "at": at,
+        "fingerprint": None if fingerprint is None else fingerprint.as_json(),
+        "detail": found.detail,
+        "error": result.get("error"),
+        "gpus": result.get("gpus"),
+        "sizes": result.get("sizes", []),
+    }
+
+
+def check_pcie_ipc(box: Box, values: Mapping[str, Any], measure: Callable[[Box], dict[str, Any]]) -> Check:
+    """FlashInfer's PCIe-IPC all-reduce against NCCL (entrypoint/allreduce --backend pcie_ipc), kept on the cache
+    volume (configuration/state.py PCIE_IPC_CHECK) with this box's fingerprint, passed or failed."""
+    result = measure(box)
+    if result.get("ok"):
+        found = Check("pcie_ipc_allreduce", "pass", ipc_summary(result))
+    else:
+        found = Check(
+            "pcie_ipc_allreduce",
+            "fail",
+            f"{result.get('error')} ({result.get('gpus')} GPUs): the start keeps NCCL (GLM5_ALLREDUCE=auto)",
+            "a hang or a wrong result: see the acs, iommu and p2p checks; GLM5_ALLREDUCE=nccl keeps NCCL whatever "
+            "the check says",
+        )
+    fingerprint = box_fingerprint(box, values)
+    try:
+        kept = state.write_pcie_ipc_check(values["cache_dir"], ipc_record(result, found, fingerprint))
+    except OSError as err:
+        found.detail += f"; not kept ({values['cache_dir']}: {err.strerror or err}): the start cannot use it"
+        return found
+    unmatched = (
+        "" if fingerprint is not None else " without the GPUs' fingerprint (nvidia-smi unreadable): stale"
+    )
+    found.detail += f"; kept in {kept}{unmatched}"
+    return found
+
+
+IPC_BOUND_SECONDS = 900  # the kernels' first compile (minutes) and the workers' 120 s
 FAST = ("gpus", "mig", "pcie_link", "topology", "p2p", "iommu", "acs", "power", "shm", "kernels")
-ALL = (*FAST, "nccl_allreduce")
+ALL = (*FAST, "nccl_allreduce", "pcie_ipc_allreduce")
 
 
 def checks_for(values: Mapping[str, Any]) -> dict[str, Callable[[Box], Check]]:
@@ -636,6 +728,7 @@ def checks_for(values: Mapping[str, Any]) -> dict[str, Callable[[Box], Check]]:
         "shm": lambda box: check_shm(box, values),
         "kernels": lambda box: check_kernels(box, values),
         "nccl_allreduce": check_nccl,
+        "pcie_ipc_allreduce": lambda box: check_pcie_ipc(box, values, measure_pcie_ipc),
     }
 
 
@@ -674,6 +767,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--nccl", action="store_true", help="also run a real all-reduce over every GPU (~1 min)"
     )
+    parser.add_argument(
+        "--ipc",
+        action="store_true",
+        help="also check FlashInfer's PCIe-IPC all-reduce against NCCL, kept on the cache volume (minutes the "
+        "first time: its kernels compile)",
+    )
     parser.add_argument("--only", help=f"comma list of checks ({', '.join(ALL)})")
     parser.add_argument(
         "--root",
@@ -682,7 +781,7 @@ def main(argv: list[str] | None = None) -> int:
         help="read /proc, /sys and /dev/shm under this folder (recorded boxes)",
     )
     args = parser.parse_args(argv)
-    names = FAST + (("nccl_allreduce",) if args.nccl else ())
+    names = FAST + (("nccl_allreduce",) if args.nccl else ()) + (("pcie_ipc_allreduce",) if args.ipc else ())
     if args.only:
         names = tuple(n.strip() for n in args.only.split(",") if n.strip())
         unknown = [n for n in names if n not in ALL]

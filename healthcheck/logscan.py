@@ -75,12 +75,31 @@ EVENTS: dict[str, re.Pattern[bytes]] = {
         rb"Watchdog caught collective operation timeout[^\r\n]*|ProcessGroupNCCL[^\r\n]*failure detected by watchdog[^\r\n]*"
     ),
     "killed": re.compile(rb"kill_process_tree[^\r\n]*"),
+    # Which all-reduce runs (SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1, configuration/allreduce_choice.py): 0.5.23's
+    # FlashInfer PCIe-IPC lines. Enabled: srt/distributed/device_communicators/pcie_ipc_ar.py:241-245. Each
+    # fallback leaves the reductions on NCCL and the start goes on, so none is fatal: the communicator's setup
+    # raised (srt/distributed/parallel_state.py:501), FlashInfer without the kernels (pcie_ipc_ar.py:227-230), the
+    # workspace not built on the first reduction (pcie_ipc_ar.py:287-291).
+    "pcie_ipc_enabled": re.compile(rb"FlashInfer PCIe-IPC all-reduce enabled \(world=(\d+)"),
+    "pcie_ipc_setup_failed": re.compile(rb"Setup FlashInfer PCIe-IPC allreduce failed with [^\r\n]*"),
+    "pcie_ipc_missing": re.compile(
+        rb"this FlashInfer build has no pcie_ipc_comm; falling back to NCCL all-reduce\."
+    ),
+    "pcie_ipc_workspace_failed": re.compile(
+        rb"FlashInfer PCIe-IPC workspace \(max_numel=\d+\) failed: [^\r\n]*?; reductions stay on NCCL"
+    ),
+    # Reductions of another dtype than bf16 stay on NCCL, the bf16 ones do not (pcie_ipc_ar.py:117-123): noted only.
+    "pcie_ipc_dtype": re.compile(
+        rb"FlashInfer PCIe-IPC all-reduce serves bf16 only; (\S+) reductions stay on NCCL"
+    ),
 }
 CAPACITY = ("max_total_num_tokens", "chunked_prefill_size", "max_prefill_tokens", "max_running_requests",
             "context_len", "available_gpu_mem_gb")  # fmt: skip
 # Events that end the server whenever they come; a plain traceback or OOM ends only a start (before ready).
 PROCESS_FATAL = ("sigquit", "process_exception", "nccl_watchdog", "killed")
 START_FATAL = ("traceback", "oom", "capture_failed")
+# A fallback's own line quotes the error it fell back from (a CUDA out of memory, say): never a failure of the start.
+ALLREDUCE_FALLBACK = ("pcie_ipc_setup_failed", "pcie_ipc_missing", "pcie_ipc_workspace_failed")
 # Every event line contains one of these; bytes.find locates them at memory speed, and the
 # patterns then run only on those lines (a tqdm frame or a record between \r and \n counts as a line).
 KEYWORDS = (
@@ -99,6 +118,8 @@ KEYWORDS = (
     b"kill_process_tree",
     b"max_total_num_tokens=",
     b"Draining requests",
+    b"PCIe-IPC",
+    b"no pcie_ipc_comm",
 )
 # SGLang's record stamp at a line's start: local time (utils/common.py configure_logger: datefmt
 # "%Y-%m-%d %H:%M:%S", milliseconds with SGLANG_LOG_MS), then an optional rank prefix.
@@ -130,6 +151,10 @@ class Scan:
         self.capacity: dict[str, float] | None = None  # the scheduler's sizes line (CAPACITY keys)
         # The first event that ends a server even after the ready line (PROCESS_FATAL): (event, reason).
         self.server_failure: tuple[str, str] | None = None
+        # The all-reduce the log says runs: "pcie_ipc" once enabled with no fallback after it, "nccl" after a
+        # fallback, None when the log names none (SGLang's default: NCCL); the fallback's line in allreduce_why.
+        self.allreduce: str | None = None
+        self.allreduce_why: str | None = None
         self.bytes_read = bytes_read
         for key, value in facts.items():
             if not hasattr(self, key):
@@ -163,6 +188,8 @@ def scan(data: bytes) -> Scan:
         found = sorted(
             (m.start(), name, m) for name, p in EVENTS.items() for m in [p.search(line)] if m is not None
         )
+        if any(name in ALLREDUCE_FALLBACK for _, name, _m in found):
+            found = [f for f in found if f[1] not in START_FATAL]
         for _, name, m in found:
             result.seen.add(name)
             record(result, name, m, data, begin + m.end())
@@ -201,6 +228,10 @@ def record(result: Scan, name: str, m: re.Match[bytes], data: bytes, end: int) -
         result.prefill_frame = (int(m.group(1)), int(m.group(2)))
     elif name == "decode_frame":
         result.decode_frame = (int(m.group(1)), int(m.group(2)))
+    elif name == "pcie_ipc_enabled":
+        result.allreduce = "pcie_ipc" if result.allreduce is None else result.allreduce
+    elif name in ALLREDUCE_FALLBACK:
+        result.allreduce, result.allreduce_why = "nccl", m.group(0).decode(errors="replace")[:200]
     elif fatal(result, name) and (result.failure is None or result.server_failure is None):
         reason = failure_reason(name, m, data, end)
         if result.failure is None and (name in PROCESS_FATAL or "ready" not in result.seen):

@@ -44,6 +44,10 @@ VALID = set(UNITS) | {
     "pcie.link.width.max",
     "mig.mode.current",
     "mig.mode.pending",
+    # The GPU's UUID, as `nvidia-smi -L` prints it (tests/fixtures/doctor/smi-L-8x-rtx-pro-6000-server.txt:1,
+    # "GPU-8b89b58e-...") and -q as "GPU UUID" (smi-q-rtx-pro-6000-server-600w-first-gpu.txt:27); a --query-gpu
+    # property in nvidia-smi(1) (manpages.ubuntu.com/manpages/plucky/man1/nvidia-smi.1.html), no unit.
+    "uuid",
 }
 
 
