@@ -37,7 +37,9 @@ from configuration.batch_sizes import decode_batch_sizes
 
 UNITS = {"K": 2**10, "M": 2**20, "G": 2**30}
 BACKENDS = ("nccl", "pcie_ipc")
-GLM5_HIDDEN = 6144  # GLM-5's hidden_size (the model's config.json): the trailing dimension of every reduction
+MODEL_HIDDEN = (
+    6144  # GLM-5's hidden_size (the model's config.json): the trailing dimension of every reduction
+)
 DECODE_MAX_BS = (
     512  # the kit's decode capture bound (GLM5_CUDA_GRAPH_MAX_BS_DECODE's default): 52 batch sizes
 )
@@ -338,7 +340,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="pcie_ipc: decode batch sizes, comma list; default the kit's 52 (1-512)",
     )
     parser.add_argument(
-        "--hidden", type=int, default=GLM5_HIDDEN, help="pcie_ipc: the hidden size (GLM-5: 6144)"
+        "--hidden", type=int, default=MODEL_HIDDEN, help="pcie_ipc: the hidden size (GLM-5: 6144)"
     )
     parser.add_argument(
         "--tune", action="store_true", help="pcie_ipc: tune the kernels first, as SGLang's warm-up"
@@ -347,7 +349,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=120, help="seconds before the run counts as a hang")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    if args.backend == "nccl" and (args.rows is not None or args.tune or args.hidden != GLM5_HIDDEN):
+    if args.backend == "nccl" and (args.rows is not None or args.tune or args.hidden != MODEL_HIDDEN):
         parser.error("--rows, --hidden and --tune go with --backend pcie_ipc")
     if args.backend == "pcie_ipc" and args.sizes is not None:
         parser.error("--sizes goes with --backend nccl (pcie_ipc takes --rows)")
