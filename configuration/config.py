@@ -17,6 +17,7 @@ from configuration.state import SERVER_CONFIG
 
 SERVER_PROGRAM = ("python3", "-m", "sglang.launch_server")
 ALIASES = Path(__file__).resolve().parent / "sglang_aliases.json"
+IPC_SWITCH = "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"  # srt/environ.py:1539: GLM5_ALLREDUCE sets it (launch)
 CONFIG_FLAG = "--config"  # sglang 0.5.23 reads options from a YAML file (utils/server_args_config_parser.py)
 
 
@@ -181,6 +182,14 @@ def resolve(environ: Mapping[str, str], config: Mapping[str, Any] | None = None)
     problems = check_extra_args(values["extra_args"], config)
     problems += check_health_timeout(values["health_timeout_seconds"], environ)
     problems += compile_jobs.check(environ)
+    if environ.get(IPC_SWITCH, "").strip():
+        problems.append(
+            Problem(
+                IPC_SWITCH,
+                "is the kit's to set: GLM5_ALLREDUCE decides it with the doctor's check of this box",
+                "unset it; set GLM5_ALLREDUCE=auto (after `doctor --ipc`), nccl or pcie_ipc",
+            )
+        )
     try:
         chosen = layout.resolve(values, config)
     except Problem as problem:

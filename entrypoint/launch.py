@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from common.report import FAILED, INVALID_SETTING, NO_SERVER_PROGRAM, Log, Problems
-from configuration import compile_jobs, config, settings, state
+from configuration import allreduce_choice, compile_jobs, config, settings, state
 from entrypoint import preflight, relay
 
 LOG = Log("glm5-serve")
@@ -74,11 +74,34 @@ def dry_run(effective: config.Effective, as_json: bool) -> int:
     )
     for line in effective.layout.explain(settings.load_config()["gateway"]["context_tokens"]):
         print(f"# {line}")
+    choice = allreduce(effective)
+    for name, value in choice.env().items():
+        print(f"# {name}={value} (GLM5_ALLREDUCE)")
+    print(f"# all-reduce: {choice.why}")
     print(
         f"# decode graphs expected {len(effective.decode_sizes)} a rank ({effective.decode_sizes[0]}.."
         f"{effective.decode_sizes[-1]}), prefill shapes {len(effective.prefill_sizes)}"
     )
     return 0
+
+
+def allreduce(effective: config.Effective) -> allreduce_choice.Choice:
+    """The start's all-reduce: GLM5_ALLREDUCE against the doctor's kept check of this box (the cache volume) and the
+    box's fingerprint now (one nvidia-smi query; none on a laptop, which the reason says)."""
+    values = effective.values
+    current, unread = allreduce_choice.current_fingerprint(values["build_id"])
+    record = state.read_pcie_ipc_check(values["cache_dir"])
+    return allreduce_choice.decide(values["allreduce"], effective.layout.profile, record, current, unread)
+
+
+def with_allreduce(record: dict[str, Any], choice: allreduce_choice.Choice) -> dict[str, Any]:
+    """The launch record with the all-reduce chosen: its switch in the server's environment and why."""
+    env = choice.env()
+    return record | {
+        "env": record["env"] | env,
+        "env_from": record["env_from"] | dict.fromkeys(env, "GLM5_ALLREDUCE"),
+        "allreduce": {"backend": choice.backend, "why": choice.why},
+    }
 
 
 def cores() -> int:
@@ -157,7 +180,8 @@ def serve(effective: config.Effective) -> int:
     if replacement:
         argv = replacement + argv[len(config.SERVER_PROGRAM) :]
     started_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    record = with_compile_jobs(effective.state(os.environ)) | {
+    choice = allreduce(effective)
+    record = with_allreduce(with_compile_jobs(effective.state(os.environ)), choice) | {
         "start": start,
         "pid": os.getpid(),
         "started_at": started_at,
@@ -168,6 +192,7 @@ def serve(effective: config.Effective) -> int:
         start, started_at, os.getpid(), record["decode_expected"], record["prefill_expected"]
     )
     print(marker, flush=True)
+    LOG.info(f"all-reduce: {choice.why}")
     if record["max_jobs_sized"]:
         LOG.info(
             f"{compile_jobs.SETTING}={record['env'][compile_jobs.SETTING]} for run-time compiles: "

@@ -117,6 +117,8 @@ def decide(obs: Observation) -> Verdict:
         server_alive=obs.alive, capacity=capacity(scan, run), failure_kind=None, hung=False, failed_code=None,
         verify=None, verification=None, doctor_warnings=obs.doctor_warnings, log=str(run.log_path),
         log_quiet_seconds=None if obs.quiet is None else round(obs.quiet, 1),
+        allreduce=scan.allreduce or run.allreduce,
+        allreduce_why=scan.allreduce_why if scan.allreduce == "nccl" else run.allreduce_why,
     )  # fmt: skip
     if (scan.failure and not (stopped and scan.failure_event == "killed")) or (
         obs.alive is False and not stopped

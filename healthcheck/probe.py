@@ -53,6 +53,8 @@ def run_of(environ: Mapping[str, str]) -> Run:
         for problem in problems:
             Log("healthcheck").warning(f"{problem}; judged with glm5.toml's value meanwhile")
     autotune = values.get("autotune_stall_seconds")  # what a launch.json of an older kit lacks
+    found = values.get("allreduce")
+    chosen: Mapping[str, Any] = found if isinstance(found, dict) else {}
     return Run(
         state_dir=Path(values["state_dir"]),
         log_path=Path(values["log_dir"]) / state.SERVER_LOG,
@@ -65,7 +67,9 @@ def run_of(environ: Mapping[str, str]) -> Run:
         on_failure=str(values.get("on_failure", "wait")),
         attn_dp_size=int(
             values.get("attn_dp_size", 1)
-        ),  # launch.json's; glm5.toml's arithmetic is not rerun here
+        ),  # launch.json's (glm5.toml's arithmetic is not rerun)
+        allreduce=str(chosen.get("backend", "nccl")),
+        allreduce_why=chosen.get("why"),
     )
 
 

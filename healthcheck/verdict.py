@@ -108,9 +108,11 @@ class Run(NamedTuple):
     offline: bool = False  # a saved log alone (`--log`): no state file is read
     expect_decode: int | None = None  # the CLI's --expect-decode over the start's own count
     tail_bytes: int = TAIL_BYTES
-    attn_dp_size: int = (
-        1  # GLM5_PROFILE=throughput: attention-DP groups, each with the pool rank 0's line names
-    )
+    # GLM5_PROFILE=throughput: attention-DP groups, each with the pool rank 0's line names
+    attn_dp_size: int = 1
+    # The start's all-reduce (launch.json "allreduce": GLM5_ALLREDUCE and the doctor's check), and why.
+    allreduce: str = "nccl"
+    allreduce_why: str | None = None
 
 
 class Stop(NamedTuple):
@@ -183,6 +185,10 @@ class Verdict(NamedTuple):
     log: str
     log_quiet_seconds: float | None
     stall_seconds: float | None = None  # the stall bound that applies in this phase (None: none applies)
+    # The all-reduce that runs: the log's word once SGLang said it (enabled, or a fallback to NCCL), else the start's
+    # choice (launch.json, GLM5_ALLREDUCE); and why.
+    allreduce: str | None = None
+    allreduce_why: str | None = None
 
     @property
     def failure_code(self) -> int:
@@ -221,6 +227,8 @@ class Verdict(NamedTuple):
             "log": self.log,
             "log_quiet_seconds": self.log_quiet_seconds,
             "ready_at": self.ready_at,
+            "allreduce": self.allreduce,
+            "allreduce_why": self.allreduce_why,
         }
         if self.doctor_warnings:
             out["doctor_warnings"] = list(self.doctor_warnings)

@@ -58,6 +58,7 @@ NAMES = (
     "glm5_capacity_chunked_prefill_size",
     "glm5_capacity_available_gpu_memory_bytes",
     "glm5_capacity_attn_dp_size",
+    "glm5_allreduce",
     "glm5_verification_passed",
     "glm5_verification_accuracy",
     "glm5_verification_items_wrong",
@@ -169,6 +170,13 @@ def metrics(v: Verdict, stall_seconds: float, now: float) -> Iterator[Metric]:
     yield from (f for f in families if f is not None)
     yield from capacity(v.capacity)
     yield from verification(v.verification)
+    if v.allreduce is not None:
+        chosen = GaugeMetricFamily(
+            "glm5_allreduce", "1 for the all-reduce the start runs: pcie_ipc or nccl (GLM5_ALLREDUCE and the doctor's "
+            "check; SGLang's own fallback lines in the log win)", labels=["backend"],
+        )  # fmt: skip
+        chosen.add_metric([v.allreduce], 1.0)
+        yield chosen
     count = GaugeMetricFamily(
         "glm5_doctor_warnings", "Warnings the doctor gave about this box at the last start"
     )

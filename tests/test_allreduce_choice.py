@@ -6,6 +6,7 @@ program is replaced by a stand-in report, nvidia-smi by tests/doubles/nvidia_smi
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from configuration.batch_sizes import decode_batch_sizes
 from entrypoint import allreduce, doctor
 from healthcheck import logscan, phase
 from test_doctor import gpus, install_box
+from test_launch import launch
 
 # The UUIDs of a real 8x RTX PRO 6000 Server box (tests/fixtures/doctor/smi-L-8x-rtx-pro-6000-server.txt:1-8).
 UUIDS = [
@@ -248,3 +250,46 @@ def test_the_scan_names_the_all_reduce_in_use_and_no_fallback_fails_the_start() 
     )
     assert dtype.allreduce == "pcie_ipc" and "pcie_ipc_dtype" in dtype.seen
     assert logscan.scan(MARKER + CAPTURED_READY).allreduce is None  # no line: SGLang's default, NCCL
+
+
+# ---- the start: entrypoint/launch decides, the dry run and launch.json say it --------------------------------
+
+
+def test_the_start_runs_the_ipc_all_reduce_only_where_this_box_passed_the_check(tmp_path: Path) -> None:
+    """GLM5_ALLREDUCE=auto, both ways, through entrypoint/launch on the CPU: nvidia-smi is the stand-in (the box's
+    GPUs), the cache volume holds the doctor's record. Only a passing check of these GPUs, driver and image turns the
+    kernels on; a new driver sends the start back to NCCL until the check runs again."""
+    bin_dir, readings = install_box(tmp_path, box_gpus(), {})
+    cache = tmp_path / "cache"
+    here, _ = choice.current_fingerprint("dev", {"PATH": f"{bin_dir}:/usr/bin:/bin",
+                                                 "NVIDIA_SMI_DOUBLE_BOX": str(readings)})  # fmt: skip
+    assert here is not None  # outside an image the build is "dev" (configuration/config.py build_id)
+    state.write_pcie_ipc_check(
+        cache, {"ok": True, "at": "2026-12-05T06:00:00+00:00", "fingerprint": here.as_json()}
+    )
+    program = tmp_path / "fake-server"
+    program.write_text('#!/bin/sh\necho "ipc: ${SGLANG_ENABLE_PCIE_IPC_ALLREDUCE:-unset}"\n')
+    program.chmod(0o755)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "NVIDIA_SMI_DOUBLE_BOX": str(readings),
+           "GLM5_CACHE_DIR": str(cache), "GLM5_STATE_DIR": str(tmp_path / "run"),
+           "GLM5_SERVER_PROGRAM": str(program)}  # fmt: skip
+    dry = launch("--dry-run", **env)
+    assert "# SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 (GLM5_ALLREDUCE)" in dry.stdout, dry.stderr
+    assert (
+        "# all-reduce: PCIe-IPC all-reduce: the doctor's check passed on these GPUs at 2026-12-05T06:00"
+        in dry.stdout
+    )
+    served = launch("--serve", **env)
+    assert "ipc: 1" in served.stdout and "all-reduce: PCIe-IPC all-reduce" in served.stderr, served.stderr
+    record = json.loads((tmp_path / "run" / "launch.json").read_text())
+    assert record["allreduce"]["backend"] == "pcie_ipc"
+    assert record["env"]["SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"] == "1"
+    # The driver changed since the check: NCCL, and why.
+    install_box(tmp_path, box_gpus(driver_version=lambda _i: "600.10.01"), {})
+    served = launch("--serve", **env)
+    assert "ipc: unset" in served.stdout
+    assert "all-reduce: NCCL: the record is from other driver than this box's" in served.stderr
+    assert json.loads((tmp_path / "run" / "launch.json").read_text())["allreduce"]["backend"] == "nccl"
+    # DP attention keeps NCCL under auto; GLM5_ALLREDUCE=nccl always does.
+    for setting in ({"GLM5_PROFILE": "throughput"}, {"GLM5_ALLREDUCE": "nccl"}):
+        assert "ipc: unset" in launch("--serve", **env, **setting).stdout
