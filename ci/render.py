@@ -137,8 +137,8 @@ def values(cfg: Mapping[str, Any]) -> dict[str, Any]:
     for key, value in cfg["autoscaling"].items():
         v[f"autoscaling_{key}"] = value
     # A replica's largest captured decode batch (what it runs at once), and its capacity as the gateway's admission
-    # counts it (what its KV pool holds of [gateway].context_tokens, at most that batch); KEDA's threshold is that
-    # share of the admitted capacity.
+    # counts it (what its KV pool holds of [gateway].context_tokens, at most that batch) at the defaults: KEDA reads
+    # each replica's own (glm5_capacity_admitted_requests) and aims at target_utilization of it.
     v["autoscaling_capacity"] = effective_decode_max_bs(
         defaults["cuda_graph_max_bs_decode"],
         defaults["speculative"] != "off",
@@ -147,7 +147,6 @@ def values(cfg: Mapping[str, Any]) -> dict[str, Any]:
     v["autoscaling_admitted"] = admission.per_replica(
         v["autoscaling_capacity"], v["gateway_kv_tokens"], v["gateway_context_tokens"]
     )
-    v["autoscaling_threshold"] = math.floor(v["autoscaling_admitted"] * v["autoscaling_target_utilization"])
     # smg keeps listening min(grace / 2, 5 s) after SIGTERM (for load balancers to notice), then drains the rest.
     v["gateway_stop_grace_seconds"] = v["gateway_shutdown_grace_seconds"] + 5 + v["stop_margin_seconds"]
     problems = [
@@ -176,10 +175,10 @@ def autoscaling_problems(v: Mapping[str, Any]) -> list[str]:
             f"[autoscaling] min_replicas = {v['autoscaling_min_replicas']}, max_replicas = "
             f"{v['autoscaling_max_replicas']}: 1 <= min_replicas <= max_replicas"
         )
-    if not 0 < v["autoscaling_target_utilization"] <= 1 or v["autoscaling_threshold"] < 1:
+    if not 0 < v["autoscaling_target_utilization"] <= 1 or v["autoscaling_admitted"] < 1:
         found.append(
-            f"[autoscaling] target_utilization = {v['autoscaling_target_utilization']}: above 0, at most 1, and at "
-            f"least one request of a replica's capacity ({v['autoscaling_capacity']})"
+            f"[autoscaling] target_utilization = {v['autoscaling_target_utilization']}: above 0 and at most 1, of a "
+            f"replica's admitted capacity (at least 1 request: {v['autoscaling_admitted']} at the defaults)"
         )
     if not 1 <= v["autoscaling_scale_up_period_seconds"] <= 1800:
         found.append(

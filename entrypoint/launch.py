@@ -186,6 +186,8 @@ def serve(effective: config.Effective) -> int:
         "pid": os.getpid(),
         "started_at": started_at,
         "doctor_warnings": state.read_doctor(state_dir),
+        # what the gateway sizes a request at, so that the exporter reports what it admits to this replica
+        "context_tokens": settings.load_config()["gateway"]["context_tokens"],
     }
     state.write_launch(state_dir, record)
     marker = state.marker_line(

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from common.report import FAILURE
+from configuration.admission import per_replica
 from healthcheck.logscan import Scan
 from healthcheck.verdict import Counts, Observation, Phase, Run, Stop, Verdict
 
@@ -95,11 +96,17 @@ def crash(scan: Scan) -> tuple[str, str]:
 
 
 def capacity(scan: Scan, run: Run) -> dict[str, float] | None:
-    """The scheduler's sizes line (rank 0's: under DP attention one group's pool, every group alike) and the
-    attention-DP groups the start runs (launch.json), so that a reader sizes the replica as groups x pool."""
+    """The scheduler's sizes line (rank 0's: under DP attention one group's pool, every group alike), the
+    attention-DP groups the start runs (launch.json), so that a reader sizes the replica as groups x pool, and what
+    the gateway admits to it: per group what the pool holds of [gateway].context_tokens, at most a rank's largest
+    decode graph (KEDA's unit)."""
     if scan.capacity is None:
         return None
-    return scan.capacity | {"attn_dp_size": float(run.attn_dp_size)}
+    found = scan.capacity | {"attn_dp_size": float(run.attn_dp_size)}
+    if run.decode_max and run.context_tokens:  # what the gateway admits to it (configuration/admission.py)
+        each = per_replica(run.decode_max, scan.capacity["max_total_num_tokens"], run.context_tokens)
+        found["admitted_requests"] = float(run.attn_dp_size * each)
+    return found
 
 
 def decide(obs: Observation) -> Verdict:

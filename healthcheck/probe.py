@@ -55,6 +55,7 @@ def run_of(environ: Mapping[str, str]) -> Run:
     autotune = values.get("autotune_stall_seconds")  # what a launch.json of an older kit lacks
     found = values.get("allreduce")
     chosen: Mapping[str, Any] = found if isinstance(found, dict) else {}
+    sizes = values.get("decode_batch_sizes")
     return Run(
         state_dir=Path(values["state_dir"]),
         log_path=Path(values["log_dir"]) / state.SERVER_LOG,
@@ -70,6 +71,8 @@ def run_of(environ: Mapping[str, str]) -> Run:
         ),  # launch.json's (glm5.toml's arithmetic is not rerun)
         allreduce=str(chosen.get("backend", "nccl")),
         allreduce_why=chosen.get("why"),
+        decode_max=max(sizes) if isinstance(sizes, list) and sizes else None,
+        context_tokens=values.get("context_tokens"),
     )
 
 

@@ -113,6 +113,10 @@ class Run(NamedTuple):
     # The start's all-reduce (launch.json "allreduce": GLM5_ALLREDUCE and the doctor's check), and why.
     allreduce: str = "nccl"
     allreduce_why: str | None = None
+    decode_max: int | None = None  # the largest decode batch a rank captures (launch.json's list)
+    context_tokens: int | None = (
+        None  # [gateway].context_tokens, what the gateway sizes a request at (launch.json)
+    )
 
 
 class Stop(NamedTuple):

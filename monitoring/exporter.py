@@ -58,6 +58,7 @@ NAMES = (
     "glm5_capacity_chunked_prefill_size",
     "glm5_capacity_available_gpu_memory_bytes",
     "glm5_capacity_attn_dp_size",
+    "glm5_capacity_admitted_requests",
     "glm5_allreduce",
     "glm5_verification_passed",
     "glm5_verification_accuracy",
@@ -205,6 +206,9 @@ def capacity(room: Mapping[str, float] | None) -> Iterator[Metric]:
         gauge("glm5_capacity_attn_dp_size", "Attention-DP groups (GLM5_PROFILE=throughput), each holding the KV pool "
               "and running the requests above: the replica holds this many times them (1: TP attention)",
               room.get("attn_dp_size", 1.0)),
+        gauge("glm5_capacity_admitted_requests", "Requests the gateway admits to this replica at once: per attention "
+              "group what its KV pool holds of [gateway].context_tokens, at most a rank's largest decode graph",
+              room.get("admitted_requests")),
     )  # fmt: skip
     yield from (f for f in families if f is not None)
 

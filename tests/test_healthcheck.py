@@ -62,6 +62,12 @@ def test_a_dp_attention_start_reads_ready_with_the_lists_its_ranks_capture() -> 
     assert state["capacity"]["max_total_num_tokens"] == 261569  # one group's pool, from DP0 TP0's line
     code, state = probe("--log", dp_log, "--no-http")
     assert (state["phase"], state["failure_kind"], state["decode_expected"]) == ("failed", "decode_short", 52)
+    # What the gateway admits to it, as its exporter says (KEDA's unit): each of the 4 groups what 261,569 tokens hold
+    # of 16k (15), at most a rank's largest graph; read as TP attention it would be 15.
+    scan = logscan.scan((LOGS / "sglang-0.5.23-dp-attention-4.log").read_bytes())
+    dp = decided(scan, (51, 58), attn_dp_size=4, decode_max=512, context_tokens=16384)
+    assert dp.capacity is not None and dp.capacity["admitted_requests"] == 60
+    assert decided(scan, (51, 58), decode_max=512, context_tokens=16384).capacity["admitted_requests"] == 15
 
 
 def test_failure_reasons_say_what_and_where() -> None:

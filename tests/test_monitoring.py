@@ -417,7 +417,12 @@ def test_real_prometheus_scrapes_the_stack_and_every_dashboard_query_returns_ser
     parts = [
         prom.query(f"sum(max by (instance) (sglang:{n}))") for n in ("num_running_reqs", "num_queue_reqs")
     ]
-    assert float(demand["value"][1]) == sum(float(p[0]["value"][1]) for p in parts)
+    # In replicas' worth: over what the gateway admits to a replica, which its exporter says (TP or DP attention).
+    (admitted,) = prom.query("avg(glm5_capacity_admitted_requests)")
+    assert float(admitted["value"][1]) >= 1
+    assert float(demand["value"][1]) == pytest.approx(
+        sum(float(p[0]["value"][1]) for p in parts) / float(admitted["value"][1])
+    )
     # The series are the exporter's, per replica under one instance label with the server's own.
     (phase,) = prom.query("glm5_start_phase == 1")
     assert phase["metric"]["phase"] == "ready" and phase["metric"]["instance"] == "127.0.0.1"

@@ -362,8 +362,8 @@ def test_the_image_folders_and_user_written_by_hand_match_glm5_toml() -> None:
         ("max_replicas = 4", "max_replicas = 1", "1 <= min_replicas <= max_replicas"),
         (
             "target_utilization = 0.8",
-            "target_utilization = 0.001",
-            "at least one request of a replica's capacity",
+            "target_utilization = 1.5",
+            "above 0 and at most 1, of a replica's admitted capacity",
         ),
         ("scale_up_period_seconds = 1800", "scale_up_period_seconds = 3600", "1 to 1800"),
         ("scale_down_window_seconds = 1800", "scale_down_window_seconds = 7200", "0 to 3600"),
