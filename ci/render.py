@@ -83,7 +83,14 @@ INTERNALS = "docs/internals.md"
 # The generated blocks (between `<!-- ci/render: NAME -->` markers), by the document that holds them.
 BLOCKS = {
     README: ("phases", "exit-codes", "figures"),
-    REFERENCE: ("configuration", "preflight-exit-codes", "failure-codes", "verification", "sizing"),
+    REFERENCE: (
+        "configuration",
+        "preflight-exit-codes",
+        "failure-codes",
+        "verification",
+        "sizing",
+        "layouts",
+    ),
     INTERNALS: ("kernels", "state-records"),
 }
 DOCUMENTS = tuple(BLOCKS)
@@ -412,6 +419,26 @@ def readme_blocks(cfg: Mapping[str, Any]) -> dict[str, Callable[[], str]]:
         )
         return "\n".join(rows) + "\n"
 
+    def layouts() -> str:
+        gw = cfg["gateway"]
+        chosen = config.resolve({"GLM5_PROFILE": "throughput"}, cfg).layout
+        contexts = [c for c in gw["sizing_contexts"] if c in (4096, 16384, 131072)]
+        rows = [
+            "| attention | attention weights a GPU | KV cache a GPU | KV tokens a replica | "
+            + " | ".join(f"requests of {c:,}" for c in contexts)
+            + " |",
+            "|---|---|---|---|" + "---|" * len(contexts),
+        ]
+        for o in chosen.options:
+            name = "TP (`latency`)" if o.attn_dp_size == 1 else f"DP {o.attn_dp_size} (`throughput`"
+            name += (
+                ", auto)" if o.attn_dp_size == chosen.attn_dp_size else (")" if o.attn_dp_size > 1 else "")
+            )
+            held = [o.attn_dp_size * (o.pool_tokens // c) for c in contexts]
+            rows.append(f"| {name} | {o.attention_gib_per_gpu:.1f} GiB | {o.kv_gib_per_gpu:.1f} GiB | "
+                        f"{o.replica_tokens:,} | " + " | ".join(str(h) for h in held) + " |")  # fmt: skip
+        return "\n".join(rows) + "\n"
+
     def state_records() -> str:
         rows = [
             "| record | written by | when | read by | start stamp | lifetime | what |",
@@ -468,6 +495,7 @@ def readme_blocks(cfg: Mapping[str, Any]) -> dict[str, Callable[[], str]]:
         "failure-codes": failure_codes,
         "state-records": state_records,
         "sizing": sizing,
+        "layouts": layouts,
         "preflight-exit-codes": lambda: preflight_exit_codes(values(cfg)),
         "verification": verification,
     }
