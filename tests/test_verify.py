@@ -51,8 +51,8 @@ def right_answer(item: items.Item) -> dict[str, Any]:
     return {"content": f"The answer is {item.expected}."}
 
 
-def asker(wrong: set[str] = frozenset(), tokens: int | None = None) -> run.Ask:  # type: ignore[assignment]
-    by_prompt = {i.prompt: i for i in items.generate()}
+def asker(wrong: set[str] = frozenset(), tokens: int | None = None, groups: int = 1) -> run.Ask:  # type: ignore[assignment]
+    by_prompt = {i.prompt: i for i in items.generate(groups=groups)}
 
     def ask(request: dict[str, Any]) -> run.Reply:
         item = by_prompt[request["messages"][0]["content"]]
@@ -86,6 +86,22 @@ def test_the_set_is_generated_the_same_each_time_and_covers_each_failure() -> No
         assert item.prompt.index(f"is {item.expected}.") < 0.5 * len(item.prompt)
     assert {i.kind for i in first} == {"fact", "arithmetic", "retrieval", "json", "tool", "reasoning"}
     assert all(not i.thinking for i in first if i.kind != "reasoning")  # no answer lost to thinking
+
+
+def test_under_dp_attention_each_batch_is_sent_once_per_group_and_the_rest_stays() -> None:
+    """GLM5_PROFILE=throughput, 4 groups: SGLang spreads concurrent requests over the groups, so the batches of 8 and
+    32 go out as 32 and 128 at once (each group then runs its 8 and its 32); every item of one group is the same item
+    as under TP attention (same id, same prompt), so a result compares across builds."""
+    tp, dp = items.generate(), items.generate(groups=4)
+    sent = Counter(i.batch for i in dp if i.kind == "arithmetic")
+    assert sent == {1: 4, 32: 32, 128: 128}
+    assert len({i.id for i in dp}) == len(dp)
+    by_id = {i.id: i for i in dp}
+    assert all(by_id[i.id].prompt == i.prompt and by_id[i.id].expected == i.expected for i in tp)
+    broken = {i.id for i in dp if i.id.startswith("arithmetic-b32-")}  # every group runs the same graph of 32
+    passed, reasons = run.verdict(run.run(asker(broken, groups=4), "glm-5", dp))
+    assert not passed and reasons[0].startswith("arithmetic at batch 128: 0/128 right")
+    assert run.verdict(run.run(asker(groups=4), "glm-5", dp)) == (True, [])
 
 
 def test_a_correct_server_passes_and_each_kind_of_fault_fails_with_its_items_named() -> None:

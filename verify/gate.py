@@ -38,6 +38,7 @@ from common.report import FAILED, INVALID_SETTING, NEVER_READY, OK, Log, Problem
 from configuration import config, state
 from healthcheck import probe
 from healthcheck.verdict import Phase
+from verify import items as item_set
 from verify import run
 
 LOG = Log("verify")
@@ -109,7 +110,13 @@ def verify(values: Mapping[str, Any], start: int, ask: run.Ask) -> dict[str, Any
     another build; the whole record, written to verified.json and the cache volume. Raises run.Abandoned, writing
     nothing, when the start ends meanwhile."""
     LOG.info(f"start #{start}: answering the verification set before the start counts as ready")
-    found = run.settled(while_current(ask, values["state_dir"], start), values["served_model_name"])
+    # Under DP attention each batch is sent once per attention group, so every group runs it (verify/items.py).
+    groups = int((state.read_launch(values["state_dir"]) or {}).get("attn_dp_size", 1))
+    found = run.settled(
+        while_current(ask, values["state_dir"], start),
+        values["served_model_name"],
+        item_set.generate(groups=groups),
+    )
     earlier = earlier_build(Path(values["cache_dir"]), values["build_id"])
     record = found | {
         "start": start,

@@ -20,6 +20,7 @@ Stdlib only: the container's own start and ci/smoke both run it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import re
@@ -218,6 +219,24 @@ def arithmetic(rng: random.Random, index: int, batch: int) -> Item:
     )
 
 
+def spread(items: list[Item], seed: int, groups: int) -> list[Item]:
+    """The batches above 1 sent `groups` times as wide: each with the items of its other groups (their own draws)."""
+    if groups <= 1:
+        return items
+    out = []
+    for item in items:
+        out.append(item if item.batch == 1 else dataclasses.replace(item, batch=item.batch * groups))
+    for batch in BATCH_SIZES[1:]:
+        for g in range(1, groups):
+            rng = random.Random(f"{seed}-group-{g}-batch-{batch}")
+            for i in range(batch):
+                extra = arithmetic(rng, i, batch)
+                out.append(
+                    dataclasses.replace(extra, id=f"arithmetic-b{batch}-g{g}-{i}", batch=batch * groups)
+                )
+    return out
+
+
 def retrieval(rng: random.Random, tokens: int) -> Item:
     name = rng.choice(("Ada", "Brook", "Cyril", "Dora", "Emil", "Freya"))
     code = "".join(rng.choice("ABCDEFGHJKLMNPQRSTUVWXYZ23456789") for _ in range(6))
@@ -229,8 +248,13 @@ def retrieval(rng: random.Random, tokens: int) -> Item:
     return Item(f"retrieval-{tokens}", "retrieval", prompt, code, max_tokens=16, min_prompt_tokens=tokens)
 
 
-def generate(seed: int = SEED) -> list[Item]:
-    """The whole set, in the order run: batch 1 first, then each larger batch, then the long and structured items."""
+def generate(seed: int = SEED, groups: int = 1) -> list[Item]:
+    """The whole set, in the order run: batch 1 first, then each larger batch, then the long and structured items.
+    `groups`: the replica's attention-DP groups (GLM5_PROFILE=throughput, launch.json's attn_dp_size). SGLang's DP
+    controller spreads concurrent requests over the groups (0.5.23 managers/data_parallel_controller.py: round robin
+    or the fewest requests), so a batch of B reaches each group's graph of B only when B x groups are sent together:
+    each larger batch gets (groups - 1) x B more items, drawn apart so that every item of one group stays as it is
+    (its id compares across builds)."""
     rng = random.Random(seed)
     items = [
         Item(f"fact-{country.lower()}", "fact", f"What is the capital of {country}? Answer with one word.", capital,
@@ -241,6 +265,7 @@ def generate(seed: int = SEED) -> list[Item]:
         items += [
             arithmetic(rng, i, batch) for i in range(4 if batch == 1 else batch)
         ]  # batch 1: four, alone
+    items = spread(items, seed, groups)
     items += [retrieval(rng, tokens) for tokens in RETRIEVAL_TOKENS]
     for i in range(2):
         # The same two draws as the set's first JSON items made, so every later item (and its id) stays as it was.
