@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -67,9 +68,11 @@ def test_zero_completed_requests_is_a_failure() -> None:
 
 
 def test_shipped_sweep_variants_are_valid_configurations() -> None:
+    """Every variant is a configuration the entrypoint accepts (GLM5_PROFILE, GLM5_ATTN_DP_SIZE and GLM5_ALLREDUCE
+    are declared in entrypoint/glm5.toml: until they are, the layout variants fail here)."""
     workload, variants, baseline = bench.load_sweep(ROOT / "ci" / "sweep-sm120.toml")
     assert baseline == 3028 and workload.concurrency == 1024
-    assert variants[0].name == "baked" and len(variants) >= 6
+    assert [v.name for v in variants[:5]] == LAYOUTS and "baked" in [v.name for v in variants]
     for variant in variants:
         assert len(variant.reason) > 20
         effective = config.resolve(variant.env)  # the entrypoint would accept it
@@ -80,6 +83,131 @@ def test_shipped_sweep_variants_are_valid_configurations() -> None:
         and expected["decode-max-bs-256"] == 36
         and expected["decode-max-bs-768"] == 60
     )
+
+
+LAYOUTS = ["tp-attention", "tp-attention-ipc", "dp-attention-2", "dp-attention-4", "dp-attention-8"]
+
+
+def test_the_sweep_tries_each_attention_layout_with_its_all_reduce_and_accepts_no_partial_capture() -> None:
+    """The layouts x all-reduce first; DP attention on NCCL (0.5.23 builds the PCIe IPC all-reduce for the group
+    named tp only), each at its memory fraction; no variant is called ready with fewer graphs than it asked for."""
+    text = (ROOT / "ci" / "sweep-sm120.toml").read_text()
+    assert "GLM5_ACCEPT_PARTIAL_CAPTURE" not in text
+    _, variants, _ = bench.load_sweep(ROOT / "ci" / "sweep-sm120.toml")
+    env = {v.name: v.env for v in variants}
+    assert not {"dp-attention", "pcie-ipc-allreduce"} & set(env)
+    assert env["tp-attention"] == {"GLM5_PROFILE": "latency", "GLM5_ALLREDUCE": "nccl"}
+    assert env["tp-attention-ipc"] == {"GLM5_PROFILE": "latency", "GLM5_ALLREDUCE": "auto"}
+    for size, fraction in (("2", "0.80"), ("4", "0.80"), ("8", "0.90")):
+        assert env[f"dp-attention-{size}"] == {"GLM5_PROFILE": "throughput", "GLM5_ATTN_DP_SIZE": size,
+                                               "GLM5_ALLREDUCE": "nccl", "GLM5_MEM_FRACTION_STATIC": fraction}  # fmt: skip
+    reasons = {v.name: v.reason for v in variants}
+    assert "_ELIGIBLE_GROUP_NAMES" in reasons["dp-attention-2"] and "derived" in reasons["dp-attention-2"]
+    assert "attention weights whole" in reasons["dp-attention-8"]
+
+
+def test_the_published_shapes_in_order_each_with_its_figure_and_source() -> None:
+    shapes, judged = bench.load_shapes(ROOT / "ci" / "sweep-sm120.toml")
+    lengths = [(s.name, s.input_len, s.output_len, s.concurrency) for s in shapes]
+    assert lengths == [("1k-8k-c512", 1024, 8192, 512), ("8k-1k-c1024", 8192, 1024, 1024),
+                       ("1k-1k-c1024", 1024, 1024, 1024)]  # fmt: skip
+    assert judged == "1k-1k-c1024"
+    published = {s.name: (s.published_output_tok_s, s.published) for s in shapes}
+    assert (
+        published["1k-8k-c512"][0] == 1490.31 and "2,675 output / 3,012 total" in published["1k-8k-c512"][1]
+    )
+    assert "cookbook" in published["8k-1k-c1024"][1] and "#28437" in published["8k-1k-c1024"][1]
+    assert (
+        published["1k-1k-c1024"][0] == 3028 and "did not say output or total" in published["1k-1k-c1024"][1]
+    )
+
+
+def args_for(**given: Any) -> Any:
+    keys = (
+        "shape",
+        "concurrency",
+        "input_len",
+        "output_len",
+        "num_prompts",
+        "dataset",
+        "dataset_path",
+        "backend",
+    )
+    return type("Args", (), {k: given.get(k) for k in keys})()
+
+
+def test_every_shape_runs_by_default_one_with_shape_and_given_lengths_make_one_of_their_own() -> None:
+    shapes, _ = bench.load_shapes(ROOT / "ci" / "sweep-sm120.toml")
+    every = bench.plan(args_for(), bench.Workload(), shapes, 3028)
+    assert [(j.name, j.workload.input_len, j.workload.output_len, j.baseline) for j in every] == [
+        ("1k-8k-c512", 1024, 8192, 1490.31), ("8k-1k-c1024", 8192, 1024, 1472), ("1k-1k-c1024", 1024, 1024, 3028)]  # fmt: skip
+    assert [bench.stem("baked", j, every) for j in every] == [
+        "baked.1k-8k-c512",
+        "baked.8k-1k-c1024",
+        "baked.1k-1k-c1024",
+    ]
+    one = bench.plan(args_for(shape="8k-1k-c1024", num_prompts=8), bench.Workload(), shapes, 3028)
+    assert [(j.name, j.workload.concurrency, j.workload.num_prompts) for j in one] == [
+        ("8k-1k-c1024", 1024, 8)
+    ]
+    assert bench.stem("baked", one[0], one) == "baked"  # one run: the file name it always had
+    own = bench.plan(args_for(concurrency=4), bench.Workload(), shapes, 3028)
+    assert [(j.name, j.shape, j.workload.concurrency, j.workload.input_len, j.baseline) for j in own] == [
+        ("custom", None, 4, 1024, 3028)]  # fmt: skip
+    with pytest.raises(bench.BenchError, match="--shape 'nope': use one of"):
+        bench.plan(args_for(shape="nope"), bench.Workload(), shapes, 3028)
+
+
+METRICS_TEXT = """# HELP sglang:num_running_reqs The number of running requests.
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{engine_type="unified",model_name="glm-5",moe_ep_rank="0",pp_rank="0",tp_rank="0"} 3.0
+sglang:num_running_reqs{engine_type="unified",model_name="glm-5",moe_ep_rank="0",pp_rank="0",tp_rank="4"} 2.0
+sglang:num_queue_reqs{engine_type="unified",model_name="glm-5",moe_ep_rank="0",pp_rank="0",tp_rank="0"} 7.0
+sglang:num_running_reqs_offline_batch{engine_type="unified"} 9.0
+"""
+
+
+def test_running_and_queued_requests_come_from_sglangs_gauges_summed_over_dp_groups() -> None:
+    assert bench.gauges(METRICS_TEXT) == {"running": 5.0, "queued": 7.0}
+    assert bench.gauges("smg_http_requests_total 3\n") is None  # a gateway's /metrics: not SGLang's
+
+
+def test_kv_bound_when_requests_queued_while_the_running_never_reached_the_concurrency() -> None:
+    w = bench.Workload(concurrency=4, num_prompts=12)
+    bound = bench.load_report(
+        [{"running": 0, "queued": 0}, {"running": 2, "queued": 2}, {"running": 2, "queued": 1}], w
+    )
+    assert bound == {"samples": 3, "running_max": 2, "queued_max": 2, "kv_bound": True}
+    # a start queues requests for their prefill batch, then all of them run: not KV-bound
+    ramp = [{"running": 1, "queued": 3}, {"running": 4, "queued": 0}]
+    assert bench.load_report(ramp, w)["kv_bound"] is False
+    assert bench.load_report([{"running": 2, "queued": 0}], w)["kv_bound"] is False
+    assert bench.load_report([], w)["kv_bound"] is None
+
+
+def test_the_sweep_report_ends_with_the_winner_at_its_shape_and_its_settings() -> None:
+    shapes, _ = bench.load_shapes(ROOT / "ci" / "sweep-sm120.toml")
+    jobs = bench.plan(args_for(), bench.Workload(), shapes, 3028)
+
+    def run(label: str, tok: float | None, shape: bench.Shape, env: dict[str, str]) -> dict[str, Any]:
+        return fake_run(label, tok) | {"shape": asdict(shape), "variant": {"name": label, "env": env}}
+
+    dp4 = {"GLM5_PROFILE": "throughput", "GLM5_ATTN_DP_SIZE": "4"}
+    runs = [run("baked", 1700.0, shapes[0], {}), run("dp-attention-4", 1500.0, shapes[0], dp4),
+            run("baked", 2900.0, shapes[2], {}), run("dp-attention-4", 3100.0, shapes[2], dp4),
+            run("mem-0.85", None, shapes[2], {"GLM5_MEM_FRACTION_STATIC": "0.85"})]  # fmt: skip
+    text = bench.report(runs, jobs, "1k-1k-c1024")
+    assert text.index("### 1k-8k-c512") < text.index("### 8k-1k-c1024") < text.index("### 1k-1k-c1024")
+    assert "Published: on this box: GLM-5.1-NVFP4 TP8+MTP 1,490 output" in text
+    assert "| baked | 1,700 | 1.14x |" in text  # against the shape's published 1,490
+    lines = text.rstrip("\n").splitlines()
+    assert lines[-3].startswith("Winner at 1k-1k-c1024 (most output tok/s among the variants that passed")
+    assert "dp-attention-4, 3,100 output tok/s" in lines[-3]
+    assert lines[-2:] == ["GLM5_PROFILE=throughput", "GLM5_ATTN_DP_SIZE=4"]
+    assert bench.winner(runs, "1k-8k-c512").endswith(
+        "baked, 1,700 output tok/s; the shipped defaults: glm5.env needs no line.\n"
+    )
+    assert "none" in bench.winner(runs, "8k-1k-c1024")
 
 
 @pytest.mark.parametrize(

@@ -66,8 +66,9 @@ class Pool:
         self.cond = threading.Condition()
         threading.Thread(target=self.decode_log, daemon=True).start()
 
-    def admit(self, tokens: int) -> None:
-        """Wait in the queue until `tokens` fit, then hold them and log the prefill batch."""
+    def admit(self, tokens: int, prefill: int | None = None) -> None:
+        """Wait in the queue until `tokens` fit, then hold them, log the prefill batch and prefill `prefill` tokens
+        (None: all of them)."""
         need = min(tokens, self.capacity)
         queued = time.monotonic()
         with self.cond:
@@ -85,7 +86,7 @@ class Pool:
                 f"input throughput (token/s): {PREFILL_RATE:.2f}",
                 0,
             )
-        time.sleep(tokens / PREFILL_RATE * SCALE)
+        time.sleep((tokens if prefill is None else prefill) / PREFILL_RATE * SCALE)
 
     def record_wait(self, seconds: float) -> None:
         """The longest wall time a request waited in the server's queue for room in the pool, to

@@ -16,7 +16,9 @@ name here against the installed sglang package.
 
 How the double drives them: running = requests in flight; above SGLANG_DOUBLE_MAX_RUNNING (default 8) the rest
 count as queued; decode passes run on a graph while running <= SGLANG_DOUBLE_GRAPH_MAX_BS (default 4), as SGLang
-replays a graph only for batch sizes it captured; KV use is running / max running (capped at 1).
+replays a graph only for batch sizes it captured; KV use is running / max running (capped at 1). In mode box the
+server sets `counts`: running and queued are then the box pool's (tests/doubles/sglang_box.py), as SGLang's scheduler
+counts them.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -67,6 +70,7 @@ class Metrics:
         self.registry = CollectorRegistry()
         self.lock = threading.Lock()
         self.in_flight = 0
+        self.counts: Callable[[], tuple[int, int]] | None = None  # mode box: (running, queued) from the pool
         self.tokens: list[tuple[float, int]] = []  # (time, tokens) of the last second: gen_throughput
         self.sched = {
             "model_name": model_name,
@@ -118,9 +122,11 @@ class Metrics:
         self.publish()
 
     def publish(self) -> None:
-        running = min(self.in_flight, MAX_RUNNING)
+        running, queued = min(self.in_flight, MAX_RUNNING), max(0, self.in_flight - MAX_RUNNING)
+        if self.counts:
+            running, queued = self.counts()
         self.running.labels(**self.sched).set(running)
-        self.queued.labels(**self.sched).set(max(0, self.in_flight - MAX_RUNNING))
+        self.queued.labels(**self.sched).set(queued)
         self.usage.labels(**self.sched).set(min(1.0, running / MAX_RUNNING))
         now = time.monotonic()
         self.tokens = [(t, n) for t, n in self.tokens if now - t < 1.0]

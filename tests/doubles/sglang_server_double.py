@@ -446,6 +446,8 @@ class Handler(BaseHTTPRequestHandler):
     def metrics(self) -> Metrics:
         if not METRICS:
             METRICS.append(Metrics(self.model_name()))
+            if BOX:  # the gauges read the box's pool: what runs in it, what waits for room
+                METRICS[0].counts = lambda: (BOX[0].running, BOX[0].waiting)
         return METRICS[0]
 
     def do_GET(self) -> None:
@@ -509,8 +511,8 @@ class Handler(BaseHTTPRequestHandler):
         try:
             with RUNNING:  # SGLang's scheduler runs max_running_requests at once; the rest wait in its queue
                 if BOX:  # and only what its KV pool holds (the rest wait in the same queue)
-                    held = self.box_tokens()
-                    BOX[0].admit(held)
+                    held, prompt = self.box_tokens()
+                    BOX[0].admit(held, prompt or None)
                 time.sleep(SERVE_SECONDS)
                 if CRASH["crashed"]:  # the batch it ran in died with the scheduler
                     unanswered()
@@ -538,11 +540,20 @@ class Handler(BaseHTTPRequestHandler):
         cap = body.get("max_completion_tokens") or body.get("max_tokens") or sglang_box.ANSWER_TOKENS
         return max(0, min(int(cap), sglang_box.ANSWER_TOKENS))
 
-    def box_tokens(self) -> int:
-        """Mode box: the KV tokens a request holds while it runs, its prompt and its answer."""
+    def generate_prompt_tokens(self) -> int:
+        """/generate's prompt: its token ids (bench_serving's random-ids sends them), else its text's length."""
         body = self.read_body()
+        ids = body.get("input_ids")
+        return len(ids) if isinstance(ids, list) else sglang_box.prompt_tokens(str(body.get("text") or ""))
+
+    def box_tokens(self) -> tuple[int, int]:
+        """Mode box: the KV tokens a request holds while it runs (its prompt and its answer), and its prompt's."""
+        body = self.read_body()
+        if self.path.split("?")[0] == "/generate":
+            prompt = self.generate_prompt_tokens()
+            return prompt + int((body.get("sampling_params") or {}).get("max_new_tokens", 16)), prompt
         prompt = json.dumps(body.get("messages") or body.get("prompt") or body.get("text") or "")
-        return sglang_box.prompt_tokens(prompt) + self.answer_tokens()
+        return sglang_box.prompt_tokens(prompt) + self.answer_tokens(), 0
 
     def post(self) -> None:
         body = self.read_body()
@@ -702,12 +713,15 @@ class Handler(BaseHTTPRequestHandler):
         params = body.get("sampling_params") or {}
         n = int(params.get("max_new_tokens", 16))
         text = " tok" * n
-        STATE["generation_tokens"] += n
         meta = {
-            "prompt_tokens": len(str(body.get("text", "")).split()),
+            "prompt_tokens": self.generate_prompt_tokens() if BOX else len(str(body.get("text", "")).split()),
             "completion_tokens": n,
             "finish_reason": {"type": "length", "length": n},
         }
+        if BOX and body.get("stream"):
+            self.stream_box_generate(n, meta)
+            return
+        STATE["generation_tokens"] += n
         if body.get("stream"):
             self.stream(
                 [
@@ -718,6 +732,22 @@ class Handler(BaseHTTPRequestHandler):
             )
         else:
             self.send_json(200, {"text": text, "meta_info": meta})
+
+    def stream_box_generate(self, tokens: int, meta: dict[str, Any]) -> None:
+        """Mode box: /generate's tokens as the decode makes them, each chunk the text so far, as SGLang streams it."""
+        self.start_stream()
+        done = 0
+        for step in BOX[0].decode(tokens):
+            done += step
+            chunk = {"text": " tok" * done, "meta_info": meta | {"completion_tokens": done}}
+            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            self.wfile.flush()
+            self.streaming = True
+            self.last_token = self.metrics().token(self.began, self.last_token, True)
+            STATE["generation_tokens"] += step
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+        self.close_connection = True
 
     def stream_thinking(self, tokens: int) -> None:
         """Mode box: the thinking streamed as the decode makes it, before stream() sends the answer."""
