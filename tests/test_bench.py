@@ -15,7 +15,7 @@ import pytest
 from ci import bench, readiness
 from configuration import config
 from conftest import ROOT
-from helpers.container import POLL, Container, environment, free_port, start
+from helpers.container import Container, environment, free_port, start
 
 pytestmark = pytest.mark.boots  # boots processes or runs real tools: not in ci/test --fast
 
@@ -270,8 +270,11 @@ needs_bench_venv = pytest.mark.skipif(
 )
 
 
+SMALL = ("--concurrency", "4", "--input-len", "32", "--output-len", "8", "--num-prompts", "12")
+
+
 def run_bench(
-    tmp_path: Path, *args: str, env: dict[str, str] | None = None
+    tmp_path: Path, *args: str, env: dict[str, str] | None = None, small: tuple[str, ...] = SMALL
 ) -> subprocess.CompletedProcess[str]:
     tokenizer = tmp_path / "tokenizer"  # written with .venv-bench's tokenizers, which bench_serving loads
     subprocess.run(
@@ -279,7 +282,6 @@ def run_bench(
         check=True,
         capture_output=True,
     )
-    small = ["--concurrency", "4", "--input-len", "32", "--output-len", "8", "--num-prompts", "12"]
     full = os.environ | {"GLM5_BENCH_PYTHON": str(BENCH_PYTHON)} | (env or {})
     return subprocess.run(
         [str(BENCH), "--out", str(tmp_path / "out"), "--tokenizer", str(tokenizer), *small, *args],
@@ -295,7 +297,9 @@ def test_bench_url_end_to_end_with_a_local_sharegpt_file(tmp_path: Path, contain
     the default dataset runs end to end in the sweep below."""
     (tmp_path / "server").mkdir()
     key = "bench-key-0123456789abcdef"
-    c = start(tmp_path / "server", GLM5_API_KEY=key)
+    c = start(
+        tmp_path / "server", GLM5_API_KEY=key, GLM5_VERIFY="off"
+    )  # (no verification: not what is tested)
     containers.append(c)
     c.wait_healthy()
     sharegpt = tmp_path / "sharegpt.json"
@@ -329,39 +333,67 @@ def test_bench_url_end_to_end_with_a_local_sharegpt_file(tmp_path: Path, contain
     assert bench.bench_env(conn, local)["HF_HUB_OFFLINE"] == "1"
 
 
+SWEEP = """
+[[shape]]
+name = "tiny"
+concurrency = 4
+input_len = 32
+output_len = 16
+num_prompts = 12
+published_output_tok_s = 50
+published = "a figure of this test's"
+[[variant]]
+name = "mem-0.85"
+reason = "more KV cache"
+env = { GLM5_MEM_FRACTION_STATIC = "0.85" }
+[[variant]]
+name = "oom"
+reason = "runs out of memory in capture"
+env = { SGLANG_DOUBLE_MODE = "oom-capture", GLM5_START_RETRIES = "0" }
+"""
+
+
 @needs_bench_venv
-def test_sweep_end_to_end_with_a_variant_that_never_becomes_healthy(tmp_path: Path) -> None:
+def test_sweep_end_to_end_on_the_box_double_names_the_kv_bound_and_the_winner(tmp_path: Path) -> None:
+    """On the box's figures (the server double's mode box) with a KV pool of 130 tokens, which holds two of the
+    four concurrent requests (the double counts 4 characters a token): the rest queue inside the server, and its
+    /metrics gauges say so. The winner is the variant that passed the healthcheck; one that never became healthy
+    is no candidate (which of several wins: test_the_sweep_report_ends_with_the_winner_at_its_shape_and_its_settings;
+    each healthy variant boots a server and runs bench_serving, about 20 s here: one is enough)."""
     sweep = tmp_path / "sweep.toml"
-    sweep.write_text(
-        'baseline_output_tok_s = 3028\n'
-        '[[variant]]\nname = "mem-0.85"\nreason = "more KV cache"\nenv = { GLM5_MEM_FRACTION_STATIC = "0.85" }\n'
-        '[[variant]]\nname = "oom"\nreason = "runs out of memory in capture"\nenv = { SGLANG_DOUBLE_MODE = "oom-capture", GLM5_START_RETRIES = "0" }\n'
-    )  # fmt: skip
+    sweep.write_text(SWEEP)
     port = free_port()
-    env = environment(tmp_path, port)
-    done = run_bench(
-        tmp_path,
-        "--sweep",
-        str(sweep),
-        "--launcher",
-        "local",
-        "--url",
-        f"http://127.0.0.1:{port}",
-        "--timeout",
-        "60",
-        "--poll",
-        str(POLL),
-        env=env,
-    )
+    box = {"SGLANG_DOUBLE_MODE": "box", "SGLANG_DOUBLE_MAX_TOTAL_TOKENS": "130", "GLM5_VERIFY": "off"}
+    env = environment(tmp_path, port) | box  # (verification's long prompts would take the box's time)
+    url = f"http://127.0.0.1:{port}"
+    done = run_bench(tmp_path, "--sweep", str(sweep), "--launcher", "local", "--url", url, "--timeout", "60",
+                     "--poll", "0.2", env=env, small=())  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr
     out = tmp_path / "out"
     table = (out / "sweep.md").read_text()
-    assert "| mem-0.85 | " in table  # (each variant boots a server and runs bench_serving: two are enough)
+    assert table.startswith(
+        "### tiny: 32 in / 16 out at 4 concurrent\n\nPublished: a figure of this test's\n"
+    )
     assert (
         "| oom | - |" in table
         and "failed: did not become healthy: traceback: torch.OutOfMemoryError" in table
     )
-    assert json.loads((out / "mem-0.85.json").read_text())["configuration"]["argv"].count("0.85") == 1
+    run = json.loads((out / "mem-0.85.json").read_text())
+    assert run["kv"]["requests_held"] == 2 and run["kv"]["kv_bound"] is True  # the sizes line's pool
+    assert run["kv"]["measured"] | {"samples": 0} == {
+        "samples": 0,
+        "running_max": 2,
+        "queued_max": 2,
+        "kv_bound": True,
+    }
+    assert "| KV-bound: at most 2 ran, 2 queued |" in table
+    assert run["result"]["total_throughput"] > run["result"]["output_throughput"] > 0
+    assert run["shape"]["name"] == "tiny" and run["baseline_output_tok_s"] == 50
+    assert run["configuration"]["argv"].count("0.85") == 1
+    lines = table.rstrip("\n").splitlines()
+    assert lines[-2].startswith("Winner at tiny (most output tok/s among the variants that passed the healthcheck): "
+                                "mem-0.85, ")  # fmt: skip
+    assert lines[-1] == "GLM5_MEM_FRACTION_STATIC=0.85"
     assert (out / "sweep.png").stat().st_size > 10_000
 
 
