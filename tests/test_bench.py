@@ -89,8 +89,9 @@ LAYOUTS = ["tp-attention", "tp-attention-ipc", "dp-attention-2", "dp-attention-4
 
 
 def test_the_sweep_tries_each_attention_layout_with_its_all_reduce_and_accepts_no_partial_capture() -> None:
-    """The layouts x all-reduce first; DP attention on NCCL (0.5.23 builds the PCIe IPC all-reduce for the group
-    named tp only), each at its memory fraction; no variant is called ready with fewer graphs than it asked for."""
+    """The layouts x all-reduce first; DP attention on NCCL, as GLM5_ALLREDUCE=auto keeps it there, and once with the
+    kernels forced on its DP gathers, each at its memory fraction; no variant is called ready with fewer graphs than
+    it asked for."""
     text = (ROOT / "ci" / "sweep-sm120.toml").read_text()
     assert "GLM5_ACCEPT_PARTIAL_CAPTURE" not in text
     _, variants, _ = bench.load_sweep(ROOT / "ci" / "sweep-sm120.toml")
@@ -102,7 +103,8 @@ def test_the_sweep_tries_each_attention_layout_with_its_all_reduce_and_accepts_n
         assert env[f"dp-attention-{size}"] == {"GLM5_PROFILE": "throughput", "GLM5_ATTN_DP_SIZE": size,
                                                "GLM5_ALLREDUCE": "nccl", "GLM5_MEM_FRACTION_STATIC": fraction}  # fmt: skip
     reasons = {v.name: v.reason for v in variants}
-    assert "_ELIGIBLE_GROUP_NAMES" in reasons["dp-attention-2"] and "derived" in reasons["dp-attention-2"]
+    assert env["dp-attention-4-ipc"] == env["dp-attention-4"] | {"GLM5_ALLREDUCE": "pcie_ipc"}
+    assert "_ELIGIBLE_GROUP_NAMES" in reasons["dp-attention-2"] and "SUM_LEN" in reasons["dp-attention-2"]
     assert "attention weights whole" in reasons["dp-attention-8"]
 
 
