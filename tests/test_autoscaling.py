@@ -4,7 +4,6 @@ gateway's admission, each replica's cap)."""
 
 from __future__ import annotations
 
-import math
 import re
 import subprocess
 import sys
@@ -131,11 +130,13 @@ def test_the_overlay_scales_the_statefulset_within_its_bounds_on_its_replicas_de
     assert trigger["type"] == "prometheus" and trigger["metricType"] == "AverageValue"
     meta = trigger["metadata"]
     assert meta["serverAddress"] == AUTO["prometheus_url"]
-    # KEDA scales on the share of what the gateway admits, not of the decode batch: the KV pool is the tighter bound.
+    # KEDA counts the demand in replicas' worth, each replica worth what the gateway admits to it (the exporter's own
+    # figure, so TP and DP attention alike), and aims at target_utilization of that.
     assert admitted() <= capacity()
-    assert int(meta["threshold"]) == math.floor(admitted() * AUTO["target_utilization"])
+    assert float(meta["threshold"]) == AUTO["target_utilization"]
     namespace = CONFIG["deployment"]["namespace"]
-    assert meta["query"].count(f'namespace="{namespace}"') == 2 and meta["query"].endswith("or vector(0)")
+    assert meta["query"].count(f'namespace="{namespace}"') == 3 and meta["query"].endswith("or vector(0)")
+    assert "/ avg(glm5_capacity_admitted_requests{" in meta["query"]
     up = so["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleUp"]["policies"]
     assert up == [{"type": "Pods", "value": 1, "periodSeconds": AUTO["scale_up_period_seconds"]}]
 
@@ -169,7 +170,9 @@ def test_each_replica_runs_at_most_its_capacity_and_the_gateway_admits_for_the_m
 
 def test_kedas_query_sums_each_replicas_running_and_queued_requests_once(tmp_path: Path) -> None:
     """The shipped query, evaluated by promtool over series as the PodMonitor labels them: one replica reporting
-    from two TP ranks counts once, another namespace not at all, and no replica at all reads 0 (not an error)."""
+    from two TP ranks counts once, another namespace not at all, the sum counted in replicas' worth of what the
+    gateway admits to each (25 to a TP-attention replica, 60 to a DP-attention one: their mean), and no replica at all
+    reads 0 (not an error)."""
     query = scaled_object()["spec"]["triggers"][0]["metadata"]["query"]
     ns = CONFIG["deployment"]["namespace"]
 
@@ -182,10 +185,16 @@ def test_kedas_query_sums_each_replicas_running_and_queued_requests_once(tmp_pat
               series("num_running_reqs", "glm5-1", 200), series("num_queue_reqs", "glm5-1", 0),
               series("num_running_reqs", "other-0", 999, namespace="other"),
               series("num_queue_reqs", "other-0", 999, namespace="other")]  # fmt: skip
+
+    def admits(pod: str, value: int, namespace: str = ns) -> dict[str, str]:
+        labels = f'job="glm5-exporter", namespace="{namespace}", instance="{pod}"'
+        return {"series": f"glm5_capacity_admitted_requests{{{labels}}}", "values": f"{value}x3"}
+
+    loaded += [admits("glm5-0", 25), admits("glm5-1", 60), admits("other-0", 1, namespace="other")]
     idle = [{"series": 'up{job="glm5"}', "values": "1x3"}]
     tests = [{"interval": "1m", "input_series": inputs,
               "promql_expr_test": [{"expr": query, "eval_time": "2m", "exp_samples": [{"labels": "{}", "value": want}]}]}
-             for inputs, want in ((loaded, 550), (idle, 0))]  # fmt: skip
+             for inputs, want in ((loaded, 550 / 42.5), (idle, 0))]  # fmt: skip
     (tmp_path / "none.yml").write_text("groups: []\n")
     path = tmp_path / "query.test.yml"
     path.write_text(yaml.safe_dump({"rule_files": ["none.yml"], "evaluation_interval": "1m", "tests": tests}))
@@ -198,4 +207,6 @@ def test_kedas_query_sums_each_replicas_running_and_queued_requests_once(tmp_pat
     done = subprocess.run(
         ["promtool", "test", "rules", str(path)], capture_output=True, text=True, cwd=tmp_path
     )
-    assert done.returncode == 1 and "got: {} 9E+02" in done.stdout + done.stderr
+    assert (
+        done.returncode == 1 and "got: {} 2.1176470588235293E+01" in done.stdout + done.stderr
+    )  # 900 / 42.5
