@@ -1,0 +1,194 @@
+"""The image's SBOM, CycloneDX 1.5 JSON, read from the image as the registry serves it (a `skopeo copy ... dir:`
+copy: manifest.json and each blob named by its digest), and the check that it lists what glm5.toml pins.
+
+The generator is this module (named in the SBOM's metadata.tools): it reads the layers in order, applying their
+whiteouts, and lists the Debian packages (var/lib/dpkg/status), every Python distribution (`*.dist-info/METADATA`
+under a site-packages or dist-packages folder) and the FlashInfer patches the build applied (the image's record
+/opt/glm5/PATCHES-APPLIED.json, written by patches/apply) as flashinfer-python's pedigree. Standard library only.
+"""
+
+from __future__ import annotations
+
+import email.parser
+import hashlib
+import json
+import re
+import tarfile
+import uuid
+from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime
+from pathlib import Path, PurePosixPath
+from typing import Any
+from urllib.parse import quote
+
+GENERATOR = "glm5-serve ci/sbom.py"
+DPKG_STATUS = "var/lib/dpkg/status"
+OS_RELEASE = ("etc/os-release", "usr/lib/os-release")
+PATCH_RECORD = "opt/glm5/PATCHES-APPLIED.json"
+METADATA = re.compile(r"(^|/)(site|dist)-packages/[^/]+\.dist-info/METADATA$")
+# The Python distributions glm5.toml's [image] pins, by the key that pins them.
+PINNED = {"sglang": "sglang", "torch": "torch", "flashinfer-python": "flashinfer"}
+
+
+class SbomError(Exception):
+    pass
+
+
+def wanted(path: str) -> bool:
+    return path in (DPKG_STATUS, PATCH_RECORD, *OS_RELEASE) or bool(METADATA.search(path))
+
+
+def layers(copy: Path) -> list[Path]:
+    manifest = json.loads((copy / "manifest.json").read_text())
+    if "layers" not in manifest:
+        raise SbomError(f"{copy}/manifest.json has no layers (a manifest list?): copy one platform's image")
+    return [copy / layer["digest"].split(":", 1)[1] for layer in manifest["layers"]]
+
+
+def members(layer: Path) -> Iterator[tuple[str, bytes | None]]:
+    """Each entry of a layer (gzip or plain tar, streamed): its path, and its bytes where wanted (None otherwise)."""
+    with tarfile.open(layer, mode="r|*") as tar:
+        for info in tar:
+            path = info.name.removeprefix("./").rstrip("/")
+            data = None
+            if info.isfile() and wanted(path):
+                handle = tar.extractfile(info)
+                data = handle.read() if handle else None
+            yield path, data
+
+
+def image_files(copy: Path) -> dict[str, bytes]:
+    """The wanted files as the image's root has them: later layers win, whiteouts remove."""
+    found: dict[str, bytes] = {}
+    for layer in layers(copy):
+        added: dict[str, bytes] = {}
+        for path, data in members(layer):
+            parent, name = PurePosixPath(path).parent, PurePosixPath(path).name
+            if name == ".wh..wh..opq":  # an opaque folder: what lower layers had under it is gone
+                prefix = "" if str(parent) == "." else f"{parent}/"
+                found = {p: d for p, d in found.items() if not p.startswith(prefix)}
+            elif name.startswith(".wh."):
+                gone = str(parent / name.removeprefix(".wh.")).removeprefix("./")
+                found = {p: d for p, d in found.items() if p != gone and not p.startswith(f"{gone}/")}
+            elif data is not None:
+                added[path] = data
+        found |= added
+    return found
+
+
+def os_release(files: Mapping[str, bytes]) -> dict[str, str]:
+    text = next((files[p].decode() for p in OS_RELEASE if p in files), "")
+    pairs = (line.split("=", 1) for line in text.splitlines() if "=" in line)
+    return {k: v.strip().strip('"') for k, v in pairs}
+
+
+def debian_packages(status: str, distro: Mapping[str, str]) -> list[dict[str, Any]]:
+    osid = distro.get("ID", "debian")
+    out = []
+    for paragraph in status.split("\n\n"):
+        fields = dict(
+            line.split(": ", 1) for line in paragraph.splitlines() if ": " in line and not line[0].isspace()
+        )
+        if not fields.get("Package") or not fields.get("Status", "").endswith(" installed"):
+            continue
+        name, version, arch = fields["Package"], fields["Version"], fields.get("Architecture", "all")
+        purl = f"pkg:deb/{osid}/{name}@{quote(version, safe='.+~-_')}?arch={arch}"
+        if distro.get("VERSION_ID"):
+            purl += f"&distro={osid}-{distro['VERSION_ID']}"
+        out.append(component(name, version, purl))
+    return out
+
+
+def normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def python_packages(files: Mapping[str, bytes]) -> list[dict[str, Any]]:
+    out = {}
+    for path, data in files.items():
+        if METADATA.search(path):
+            meta = email.parser.BytesHeaderParser().parsebytes(data)
+            name, version = normalized(str(meta["Name"])), str(meta["Version"])
+            out[name] = component(name, version, f"pkg:pypi/{name}@{quote(version, safe='.+!-_')}")
+    return [out[name] for name in sorted(out)]
+
+
+def component(name: str, version: str, purl: str) -> dict[str, Any]:
+    return {"type": "library", "bom-ref": purl, "name": name, "version": version, "purl": purl}
+
+
+def with_patches(packages: list[dict[str, Any]], record: Mapping[str, Any]) -> None:
+    """flashinfer-python's pedigree: each patch the build applied, by name and hash (CycloneDX patch, unofficial)."""
+    for package in packages:
+        if package["name"] == "flashinfer-python":
+            package["pedigree"] = {
+                "patches": [
+                    {"type": "unofficial", "diff": {"url": f"patches/{p['name']}"}} for p in record["patches"]
+                ]
+            }
+            package["properties"] = [
+                {"name": "glm5-serve:patch", "value": f"{p['name']} sha256:{p['sha256']}"}
+                for p in record["patches"]
+            ] + [{"name": "glm5-serve:patched-version", "value": str(record["flashinfer_python"])}]
+
+
+def build(copy: Path, reference: str, digest: str, version: str) -> dict[str, Any]:
+    """The CycloneDX document of the image copied to `copy` (a skopeo dir: copy of reference@digest)."""
+    files = image_files(copy)
+    distro = os_release(files)
+    debs = debian_packages(files.get(DPKG_STATUS, b"").decode(), distro)
+    python = python_packages(files)
+    if PATCH_RECORD in files:
+        with_patches(python, json.loads(files[PATCH_RECORD]))
+    name = reference.rsplit("/", 1)[-1]
+    image_purl = (
+        f"pkg:oci/{name}@{quote(digest, safe='')}?repository_url={quote(reference, safe='/')}&tag={version}"
+    )
+    return {
+        "bomFormat": "CycloneDX",
+        "specVersion": "1.5",
+        "serialNumber": f"urn:uuid:{uuid.uuid4()}",
+        "version": 1,
+        "metadata": {
+            "timestamp": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "tools": {"components": [{"type": "application", "name": GENERATOR}]},
+            "component": {
+                "type": "container",
+                "bom-ref": image_purl,
+                "name": name,
+                "version": version,
+                "purl": image_purl,
+                "hashes": [{"alg": "SHA-256", "content": digest.split(":", 1)[1]}],
+            },
+        },
+        "components": debs + python,
+    }
+
+
+def problems(bom: Mapping[str, Any], image: Mapping[str, str], series: list[str]) -> list[str]:
+    """What the SBOM misses of glm5.toml's [image] pins and of patches/series: one line each, naming the fix."""
+    found = {c["name"]: c for c in bom["components"] if c["purl"].startswith("pkg:pypi/")}
+    out = []
+    for name, key in PINNED.items():
+        listed = found.get(name, {}).get("version")
+        if listed != image[key]:
+            out.append(
+                f"the SBOM lists {name} {listed or 'not at all'}, glm5.toml [image].{key} pins {image[key]}: "
+                "the image is not the one glm5.toml describes (rebuild it, or fix the pin and run image/relock)"
+            )
+    patched = [
+        p["diff"]["url"].removeprefix("patches/")
+        for p in found.get("flashinfer-python", {}).get("pedigree", {}).get("patches", [])
+    ]
+    if patched != series:
+        out.append(
+            f"the SBOM's flashinfer-python carries patches {patched}, patches/series lists {series}: the image's "
+            f"{PATCH_RECORD} (patches/apply's record) does not match the checkout (rebuild the image)"
+        )
+    if not any(c["purl"].startswith("pkg:deb/") for c in bom["components"]):
+        out.append(f"the SBOM lists no Debian package: the image has no {DPKG_STATUS}")
+    return out
+
+
+def digest_of(path: Path) -> str:
+    return "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
