@@ -67,6 +67,7 @@ MARKED = (
     "ci/requirements-test.txt",
     "ci/requirements-sglang-cpu.txt",
     "ci/setup-test-env",
+    "pyproject.toml",  # the version: [deployment].image's tag
 )
 ALERTS = "monitoring/prometheus/alerts.yml"
 DASHBOARD = (
@@ -97,7 +98,7 @@ DOCUMENTS = tuple(BLOCKS)
 IMAGE_COMPONENT = "k8s/components/image/kustomization.yaml"
 # A container's `image:` in a Kubernetes file, and the component's `images:` entry (name, newName, newTag).
 CONTAINER_IMAGE = re.compile(r"^\s*(?:-\s+)?image:\s*[\"']?([^\s\"'#]+)", re.M)
-IMAGE_ENTRY = re.compile(r"^\s*(?:-\s+)?(name|newName|newTag):\s*[\"']?([^\s\"'#]+)", re.M)
+IMAGE_ENTRY = re.compile(r"^\s*(?:-\s+)?(name|newName|newTag|digest):\s*[\"']?([^\s\"'#]+)", re.M)
 FIGURES = "ci/figures.toml"  # measured figures, rendered into the README's figures table
 LOG = Log("ci/render")
 MARKER = "# ci/render: "
@@ -120,12 +121,7 @@ def values(cfg: Mapping[str, Any]) -> dict[str, Any]:
     v["stop_grace_seconds"] = v["drain_seconds"] + v["stop_margin_seconds"]
     v["termination_grace_seconds"] = v["prestop_seconds"] + v["stop_grace_seconds"]
     v["gpu_count_minus_one"] = v["gpu_count"] - 1
-    # Kubernetes names the image without its tag: kustomization.yaml's images entry sets registry, name and tag.
-    if ":" not in v["image"].rsplit("/", 1)[-1]:
-        raise RenderError(
-            f"entrypoint/glm5.toml: image = {v['image']!r} has no tag: write NAME:TAG (glm5-serve:0.1.0)"
-        )
-    v["image_name"], v["image_tag"] = v["image"].rsplit(":", 1)
+    v.update(image_values(v["image"]))
     v["gpu_device_ids_json"] = json.dumps(
         [str(i) for i in range(v["gpu_count"])], separators=(",", ":")
     )  # no blank: a marked value
@@ -172,6 +168,39 @@ def values(cfg: Mapping[str, Any]) -> dict[str, Any]:
     if problems:
         raise RenderError("entrypoint/glm5.toml: " + "; ".join(problems))
     return v
+
+
+DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+def image_values(image: str) -> dict[str, str]:
+    """[deployment].image as its parts: NAME:VERSION, or NAME:VERSION@sha256:<64 hex> (a published release, by
+    digest). The tag is the kit's version (pyproject.toml's, the release's v-tag): an image without one is refused.
+    Kubernetes names the image without its tag: k8s/components/image's entry sets the name and newTag, or digest
+    (kustomize then renders NAME@DIGEST)."""
+    where = f"entrypoint/glm5.toml: [deployment].image = {image!r}"
+    named, at, digest = image.partition("@")
+    if at and not DIGEST.match(digest):
+        raise RenderError(f"{where}: {digest!r} is not a digest: write NAME:VERSION@sha256:<64 hex digits>")
+    if ":" not in named.rsplit("/", 1)[-1]:
+        raise RenderError(
+            f"{where} has no tag: write NAME:TAG (glm5-serve:0.1.0), or NAME:TAG@sha256:<digest> for a published "
+            "image; the tag is the kit's version (ci/render writes it into pyproject.toml)"
+        )
+    name, tag = named.rsplit(":", 1)
+    if not re.fullmatch(r"\d+\.\d+\.\d+([.+-]?[0-9A-Za-z.]+)?", tag):
+        raise RenderError(
+            f"{where}: its tag {tag!r} is the kit's version: write MAJOR.MINOR.PATCH (0.1.0), the release's v-tag"
+        )
+    pin_field, pin = ("digest", digest) if at else ("newTag", tag)
+    return {
+        "image_name": name,
+        "image_tag": tag,
+        "version": tag,
+        "image_pin_field": pin_field,  # k8s/components/image: newTag or digest
+        "image_pin": pin,
+        "image_kubernetes": f"{name}@{digest}" if at else f"{name}:{tag}",  # what kubectl kustomize renders
+    }
 
 
 def autoscaling_problems(v: Mapping[str, Any]) -> list[str]:
@@ -514,9 +543,8 @@ def kubernetes_image_problems(files: Mapping[str, str], image: str) -> list[str]
             name = (
                 written.split("@", 1)[0].rsplit(":", 1)[0] if ":" in written.rsplit("/", 1)[-1] else written
             )
-            result = (
-                f"{entry.get('newName', name)}:{entry['newTag']}" if name == entry.get("name") else written
-            )
+            pin = f"@{entry['digest']}" if "digest" in entry else f":{entry['newTag']}"
+            result = f"{entry.get('newName', name)}{pin}" if name == entry.get("name") else written
             if result != image:
                 untagged = (
                     " (untagged: the cluster pulls :latest)" if ":" not in result.rsplit("/", 1)[-1] else ""
@@ -558,7 +586,7 @@ def render(root: Path) -> dict[str, str]:
     out[DASHBOARD_CONFIGMAP] = dashboard_configmap((root / DASHBOARD).read_text())
     out[ENV_EXAMPLE] = env_example(cfg)
     out[HOST_ENV_EXAMPLE] = host_env_example(cfg)
-    images = kubernetes_image_problems(kubernetes_files(root, out), found["image"])
+    images = kubernetes_image_problems(kubernetes_files(root, out), found["image_kubernetes"])
     if images:
         raise RenderError("; ".join(images))
     blocks = readme_blocks(cfg)

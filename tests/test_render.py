@@ -190,6 +190,47 @@ def test_gpu_count_and_image_follow_the_source(tmp_path: Path) -> None:
     assert p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 4
 
 
+DIGEST = "sha256:" + "5" * 64
+
+
+@pytest.mark.boots
+def test_an_image_by_digest_renders_by_digest(tmp_path: Path) -> None:
+    """A published release by digest: compose runs NAME:VERSION@DIGEST, kustomize renders NAME@DIGEST (newTag gives
+    way to digest), and the version stays the tag's."""
+    image = f"ghcr.io/example/glm5-serve:0.2.0@{DIGEST}"
+    root, c, _ = rendered_with(tmp_path, ('image = "glm5-serve:0.1.0"', f'image = "{image}"'))
+    assert c["image"] == f"${{GLM5_IMAGE:-{image}}}"
+    component = yaml.safe_load((root / render.IMAGE_COMPONENT).read_text())["images"]
+    assert component == [{"name": "glm5-serve", "newName": "ghcr.io/example/glm5-serve", "digest": DIGEST}]
+    assert 'version = "0.2.0"' in (root / "pyproject.toml").read_text()
+    assert run_render(root, "--check").returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("image", "named"),
+    [
+        ("glm5-serve", "has no tag: write NAME:TAG"),
+        (f"glm5-serve@{DIGEST}", "has no tag: write NAME:TAG"),
+        ("glm5-serve:0.1.0@sha256:abc", "is not a digest: write NAME:VERSION@sha256:<64 hex digits>"),
+        ("glm5-serve:latest", "its tag 'latest' is the kit's version: write MAJOR.MINOR.PATCH"),
+    ],
+)
+def test_an_image_without_a_version_or_with_a_bad_digest_is_refused(image: str, named: str) -> None:
+    with pytest.raises(render.RenderError, match=re.escape(named)):
+        render.image_values(image)
+
+
+def test_the_version_has_one_source(tmp_path: Path) -> None:
+    """pyproject.toml's version is [deployment].image's tag: edited by hand, ci/render --check names it stale."""
+    root = kit_copy(tmp_path)
+    path = root / "pyproject.toml"
+    path.write_text(path.read_text().replace('version = "0.1.0"', 'version = "0.1.1"', 1))
+    done = run_render(root, "--check")
+    assert done.returncode == 1 and "stale: pyproject.toml" in done.stderr
+    tag = render.values(render.settings.load_config())["version"]
+    assert f'version = "{tag}"' in (ROOT / "pyproject.toml").read_text()
+
+
 def test_the_rendered_files_keep_their_rules() -> None:
     """What the templates promise, read from the rendered checkout: loopback by default, liveness is the
     probe with --live, the API key comes from a required Secret, probes outlast /health's timeout."""
