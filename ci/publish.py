@@ -185,7 +185,8 @@ def configure(run: Run) -> None:
 
 def throwaway_key(run: Run) -> None:
     """A GPG signing key made for this run (no passphrase, expires in a day), its public half for the policy."""
-    run.gpg_home = Path(tempfile.mkdtemp(prefix="glm5-gpg-", dir=run.work))
+    # A short folder of its own: gpg-agent's socket path must fit a Unix socket's 108 bytes (removed by forget_key).
+    run.gpg_home = Path(tempfile.mkdtemp(prefix="glm5-gpg-"))
     run.gpg_home.chmod(0o700)
     env = os.environ | {"GNUPGHOME": str(run.gpg_home)}
     gen = ["gpg", "--batch", "--pinentry-mode", "loopback", "--passphrase", ""]
@@ -203,6 +204,14 @@ def throwaway_key(run: Run) -> None:
         ["gpg", "--export", run.fingerprint], env=env, check=True, capture_output=True
     ).stdout
     (run.work / "signing-key.gpg").write_bytes(key)
+
+
+def forget_key(run: Run) -> None:
+    """The run's gpg-agent stopped and its key folder removed: the private key never outlives the run."""
+    if run.gpg_home:
+        env = os.environ | {"GNUPGHOME": str(run.gpg_home)}
+        subprocess.run(["gpgconf", "--kill", "all"], env=env, check=False, capture_output=True)
+        shutil.rmtree(run.gpg_home, ignore_errors=True)
 
 
 def push(run: Run, source: str) -> str:
@@ -233,6 +242,16 @@ def pull_back(run: Run, digest: str, layers: list[str]) -> Path:
     """NAME@DIGEST into a dir: copy (through the verifying policy when local), compared with what was pushed."""
     copy = run.work / "pulled"
     shutil.rmtree(copy, ignore_errors=True)
+    raw = json.loads(
+        run.skopeo("inspect", "--raw", run.tls_flag("tls"), f"docker://{run.repository}@{digest}").stdout
+    )
+    size = sum(int(layer.get("size", 0)) for layer in raw.get("layers", []))
+    free = shutil.disk_usage(run.work).free
+    if free < size + 2**30:
+        raise PublishError(
+            f"{free / 2**30:.1f} GB free under {run.work}, pulling {digest} back needs {size / 2**30:.1f} GB and 1 GB "
+            "to spare: free some disk, or GLM5_PUBLISH=none to build without publishing"
+        )
     run.skopeo(
         "copy", run.tls_flag("src"), f"docker://{run.repository}@{digest}", f"dir:{copy}",
         policy="verify" if run.local else "open",
@@ -303,38 +322,46 @@ def refusals(run: Run, digest: str, manifest_type: str) -> None:
     refused(run, f"docker://{run.repository}@{unsigned}", MISMATCH)
 
 
+def publish_steps(run: Run, source: str, image: dict[str, str]) -> dict[str, Any]:
+    if run.local:
+        throwaway_key(run)
+    configure(run)
+    with step(run, "push"):
+        pushed = push(run, source)
+    with step(run, "digest"):
+        digest, layers = registry_digest(run, pushed)
+    with step(run, "pull and compare"):
+        copy = pull_back(run, digest, layers)
+    with step(run, "sbom"):
+        sbom_path = make_sbom(run, copy, digest, image)
+    if run.local:
+        with step(run, "refusals"):
+            refusals(run, digest, json.loads((copy / "manifest.json").read_text()).get("mediaType", ""))
+    shutil.rmtree(copy, ignore_errors=True)
+    result = {
+        "version": run.version,
+        "reference": f"{run.repository}@{digest}",
+        "tag": f"{run.repository}:{run.version}",
+        "digest": digest,
+        "layers": layers,
+        "sbom": str(sbom_path),
+        "sbom_sha256": sbom.digest_of(sbom_path),
+        "signed_by": f"gpg:{run.fingerprint} (throwaway, this run)" if run.local else None,
+        "seconds": run.seconds,
+    }
+    return result
+
+
 def publish(source: str, registry: str, work: Path, record: Path) -> dict[str, Any]:
     name, version, image = kit_version()
     work.mkdir(parents=True, exist_ok=True)
     local = registry == "local"
     with local_registry(work) if local else _remote(registry) as host:
         run = Run(work=work, registry=host, name=name, version=version, local=local, tls=not local)
-        if local:
-            throwaway_key(run)
-        configure(run)
-        with step(run, "push"):
-            pushed = push(run, source)
-        with step(run, "digest"):
-            digest, layers = registry_digest(run, pushed)
-        with step(run, "pull and compare"):
-            copy = pull_back(run, digest, layers)
-        with step(run, "sbom"):
-            sbom_path = make_sbom(run, copy, digest, image)
-        if local:
-            with step(run, "refusals"):
-                refusals(run, digest, json.loads((copy / "manifest.json").read_text()).get("mediaType", ""))
-        shutil.rmtree(copy, ignore_errors=True)
-        result = {
-            "version": version,
-            "reference": f"{run.repository}@{digest}",
-            "tag": f"{run.repository}:{version}",
-            "digest": digest,
-            "layers": layers,
-            "sbom": str(sbom_path),
-            "sbom_sha256": sbom.digest_of(sbom_path),
-            "signed_by": f"gpg:{run.fingerprint} (throwaway, this run)" if local else None,
-            "seconds": run.seconds,
-        }
+        try:
+            result = publish_steps(run, source, image)
+        finally:
+            forget_key(run)
     record.write_text(json.dumps(result, indent=2) + "\n")
     print(f"ci/publish: {result['reference']} recorded in {record}", file=sys.stderr)
     return result

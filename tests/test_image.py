@@ -49,6 +49,25 @@ def test_compose_never_creates_the_model_folder(tmp_path: Path) -> None:
     assert not missing.exists()
 
 
+def test_compose_runs_a_release_by_digest() -> None:
+    """Install by version: GLM5_IMAGE=NAME@sha256:<digest> is valid for the real compose, and every service of the
+    kit's image (the server, the download, the gateway) runs that digest; unset, the kit's own tag."""
+    digest = "ghcr.io/example/glm5-serve@sha256:" + "5" * 64
+
+    def images(env: dict[str, str]) -> dict[str, str]:
+        done = subprocess.run(
+            [tool("docker-compose"), "-f", "docker-compose.yml", "--profile", "*", "config", "--format", "json"],
+            capture_output=True, text=True, cwd=ROOT, check=False, timeout=120,
+            env={k: v for k, v in os.environ.items() if k != "GLM5_IMAGE"} | env,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return {name: s["image"] for name, s in json.loads(done.stdout)["services"].items()}
+
+    kit = {name for name, image in images({}).items() if image == settings.load_config()["deployment"]["image"]}
+    assert {"glm5", "download", "gateway"} <= kit
+    assert {name for name, image in images({"GLM5_IMAGE": digest}).items() if image == digest} == kit
+
+
 def kustomized(folder: Path = ROOT / "k8s" / "base") -> str:
     return k8s.kustomized(folder)
 

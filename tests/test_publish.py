@@ -83,11 +83,14 @@ def test_the_policy_refuses_what_the_key_did_not_sign(tmp_path: Path) -> None:
     with publish.local_registry(work) as host:
         run = publish.Run(work=work, registry=host, name="glm5-serve", version="t", local=True, tls=False)
         publish.throwaway_key(run)
-        publish.configure(run)
-        digest = publish.push(run, source)
-        shutil.copy(run.config_dir() / "policy-open.json", run.config_dir() / "policy-verify.json")
-        with pytest.raises(publish.PublishError, match=r"let .* through"):
-            publish.refusals(run, digest, "application/vnd.oci.image.manifest.v1+json")
+        try:
+            publish.configure(run)
+            digest = publish.push(run, source)
+            shutil.copy(run.config_dir() / "policy-open.json", run.config_dir() / "policy-verify.json")
+            with pytest.raises(publish.PublishError, match=r"let .* through"):
+                publish.refusals(run, digest, "application/vnd.oci.image.manifest.v1+json")
+        finally:
+            publish.forget_key(run)
 
 
 # ---- the SBOM's check, without a registry ----------------------------------------------------------------------
