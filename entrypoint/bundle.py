@@ -4,7 +4,7 @@
     entrypoint/doctor --bundle /mounted/folder/bundle.tar.gz
 
 It holds the doctor's findings (its fast checks, run now), the versions (the build's records and the Python
-packages), the effective configuration (the server's argv and environment as launch renders them, or why the
+packages), the kit's version and the image's digest where it is known (image.json), the effective configuration (the server's argv and environment as launch renders them, or why the
 settings are refused), the run state (launch.json, failed.json, doctor.json, capture.json, the start counter; never
 the server's private config file, which holds the API key), the healthcheck's state, the server log's tail, and
 `nvidia-smi -q` and `nvidia-smi topo -m`. Every secret the settings declare (GLM5_API_KEY, HF_TOKEN, from VAR or
@@ -85,6 +85,31 @@ def versions(home: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+DIGEST_REF = re.compile(r"@(sha256:[0-9a-f]{64})$")
+
+
+def image_identity(environ: Mapping[str, str], cfg: Mapping[str, Any] | None = None) -> str:
+    """The kit's version (glm5.toml [deployment].image's tag, the one source) and the image's digest when known: a
+    reference by digest in GLM5_IMAGE (as compose runs a release; read where the bundle runs on the host). Inside
+    the container no digest is known (Docker and Kubernetes tell the image none): the record says where to read it."""
+    cfg = cfg or settings.load_config()
+    image = str(cfg["deployment"]["image"])
+    version = image.split("@", 1)[0].rsplit(":", 1)[-1]
+    reference = environ.get("GLM5_IMAGE", image)
+    found = DIGEST_REF.search(reference) or DIGEST_REF.search(image)
+    record: dict[str, Any] = {
+        "version": version,
+        "image": reference,
+        "digest": found.group(1) if found else None,
+    }
+    if not found:
+        record["digest_unknown"] = (
+            "not given by digest here: `docker image inspect --format '{{.RepoDigests}}' IMAGE` on the host, or the "
+            "pod's status.containerStatuses[].imageID, names it"
+        )
+    return json.dumps(record, indent=2) + "\n"
+
+
 def configuration(environ: Mapping[str, str]) -> str:
     try:
         effective = config.resolve(environ)
@@ -119,6 +144,7 @@ def members(environ: Mapping[str, str], box: doctor.Box) -> dict[str, str]:
     missing = [f"setting {p}" for p in problems]
     readers: dict[str, Callable[[], str | None]] = {
         "versions.txt": lambda: versions(home),
+        "image.json": lambda: image_identity(environ),
         "configuration.json": lambda: configuration(environ),
         "doctor.json": lambda: doctor_findings(values, box),
         "healthcheck.json": lambda: healthcheck_state(environ),

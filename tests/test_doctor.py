@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from configuration import settings
 from conftest import ROOT, kit_env
 from entrypoint import doctor
 from kernels.modules import load
@@ -396,6 +397,10 @@ def test_the_support_bundle_holds_the_box_and_the_run_and_no_secret(tmp_path: Pa
     assert texts["server.log.tail"].endswith("the last line\n")
     assert json.loads(texts["doctor.json"])["checks"] and "nvidia-smi-q.txt" in texts["missing.txt"]
     assert "GPU0" in texts["nvidia-smi-topo.txt"]
+    assert (
+        json.loads(texts["image.json"])["version"]
+        == settings.load_config()["deployment"]["image"].rsplit(":", 1)[1]
+    )
 
 
 def test_the_bundle_refuses_a_terminal() -> None:
@@ -427,3 +432,14 @@ def test_every_unknown_check_names_a_fix_other_than_the_command_just_run(tmp_pat
     # and a parser meeting an output it does not know: unknown with the fix, never a crash
     broken = doctor.run(doctor.Box({"PATH": "/nonexistent"}, root), {"home": str(root)} | {}, ("kernels",))
     assert broken[0].status == "unknown" and broken[0].fix
+
+
+def test_the_bundle_records_the_version_and_the_digest_when_known() -> None:
+    from entrypoint import bundle
+
+    digest = "sha256:" + "3" * 64
+    known = json.loads(bundle.image_identity({"GLM5_IMAGE": f"ghcr.io/o/glm5-serve@{digest}"}))
+    version = settings.load_config()["deployment"]["image"].rsplit(":", 1)[1]
+    assert (known["version"], known["digest"]) == (version, digest) and "digest_unknown" not in known
+    unknown = json.loads(bundle.image_identity({}))
+    assert unknown["digest"] is None and "docker image inspect" in unknown["digest_unknown"]
