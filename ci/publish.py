@@ -385,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--work",
         type=Path,
-        default=Path(os.environ.get("GLM5_BUILD_WORK", "/var/tmp/glm5-build")) / "publish",
+        default=Path("/var/tmp/glm5-build/publish"),
     )
     parser.add_argument("--record", type=Path, help="where the record goes (default: WORK/published.json)")
     args = parser.parse_args(argv)

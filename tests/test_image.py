@@ -63,7 +63,9 @@ def test_compose_runs_a_release_by_digest() -> None:
         assert done.returncode == 0, done.stderr
         return {name: s["image"] for name, s in json.loads(done.stdout)["services"].items()}
 
-    kit = {name for name, image in images({}).items() if image == settings.load_config()["deployment"]["image"]}
+    kit = {
+        name for name, image in images({}).items() if image == settings.load_config()["deployment"]["image"]
+    }
     assert {"glm5", "download", "gateway"} <= kit
     assert {name for name, image in images({"GLM5_IMAGE": digest}).items() if image == digest} == kit
 
