@@ -677,16 +677,12 @@ def sweep(args: argparse.Namespace) -> int:
     return 1 if any(r["result"] is None for r in runs) else 0
 
 
+# The workload's fields a command-line option overrides, each by the option of its name.
+OVERRIDES = ("concurrency", "input_len", "output_len", "num_prompts", "dataset", "dataset_path", "backend")
+
+
 def override_workload(w: Workload, args: argparse.Namespace) -> Workload:
-    for key in (
-        "concurrency",
-        "input_len",
-        "output_len",
-        "num_prompts",
-        "dataset",
-        "dataset_path",
-        "backend",
-    ):
+    for key in OVERRIDES:
         value = getattr(args, key)
         if value is not None:
             setattr(w, key, value)

@@ -84,7 +84,8 @@ def tolerance(world: int) -> float:
     return 2 * world * BF16_UNIT_ROUNDOFF
 
 
-def worker(rank: int, world: int, port: int, sizes: list[int], iters: int, queue: Any) -> None:
+def join(rank: int, world: int, port: int) -> None:
+    """This process's GPU and its place in the NCCL group of every rank (a minute to meet the others)."""
     import datetime
 
     import torch
@@ -99,6 +100,13 @@ def worker(rank: int, world: int, port: int, sizes: list[int], iters: int, queue
         timeout=datetime.timedelta(seconds=60),
         device_id=torch.device("cuda", rank),
     )
+
+
+def worker(rank: int, world: int, port: int, sizes: list[int], iters: int, queue: Any) -> None:
+    import torch
+    import torch.distributed as dist
+
+    join(rank, world, port)
     rows = []
     for size in sizes:
         n = size // 4
@@ -244,22 +252,12 @@ def ipc_row(workspace: Any, rows: int, hidden: int, rank: int, world: int, iters
 def ipc_worker(
     rank: int, world: int, port: int, rows: list[int], hidden: int, iters: int, tune: bool, queue: Any
 ) -> None:
-    import datetime
-
     import torch
     import torch.distributed as dist
     from flashinfer.comm import PcieIpcAllReduceWorkspace
     from flashinfer.comm.pcie_ipc_tuning import default_cache_path
 
-    torch.cuda.set_device(rank)
-    dist.init_process_group(
-        "nccl",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=world,
-        timeout=datetime.timedelta(seconds=60),
-        device_id=torch.device("cuda", rank),
-    )
+    join(rank, world, port)
     widest = max(rows)
     # As SGLang builds it (pcie_ipc_ar.py:276-285): on a CUDA (NCCL) group of every rank, the tp group's
     # device_group (parallel_state.py:495-499), for the widest decode reduction.

@@ -125,17 +125,7 @@ def test_the_published_shapes_in_order_each_with_its_figure_and_source() -> None
 
 
 def args_for(**given: Any) -> Any:
-    keys = (
-        "shape",
-        "concurrency",
-        "input_len",
-        "output_len",
-        "num_prompts",
-        "dataset",
-        "dataset_path",
-        "backend",
-    )
-    return type("Args", (), {k: given.get(k) for k in keys})()
+    return type("Args", (), {k: given.get(k) for k in ("shape", *bench.OVERRIDES)})()
 
 
 def test_every_shape_runs_by_default_one_with_shape_and_given_lengths_make_one_of_their_own() -> None:
