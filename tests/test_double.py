@@ -61,11 +61,13 @@ def real() -> dict[str, Any]:
     return oracles.ask(ORACLE, {"decode": DECODE_CASES, "prefill": PREFILL_CASES})
 
 
+@pytest.mark.xdist_group("sglang_rules_oracle")  # one oracle run, on one worker
 @pytest.mark.boots
 def test_oracle_is_sglang_0_5_23(real: dict[str, Any]) -> None:
     assert real["version"] == "0.5.23"
 
 
+@pytest.mark.xdist_group("sglang_rules_oracle")  # one oracle run, on one worker
 @pytest.mark.parametrize(("index", "case"), list(enumerate(DECODE_CASES)), ids=str)
 def test_decode_rule_matches_sglang(
     rules: ModuleType, real: dict[str, Any], index: int, case: tuple[int, bool]
@@ -74,6 +76,7 @@ def test_decode_rule_matches_sglang(
     assert rules.decode_batch_sizes(max_bs, speculative=speculative) == real["decode"][index]
 
 
+@pytest.mark.xdist_group("sglang_rules_oracle")  # one oracle run, on one worker
 @pytest.mark.parametrize(("index", "max_tokens"), list(enumerate(PREFILL_CASES)), ids=str)
 def test_prefill_rule_matches_sglang(
     rules: ModuleType, real: dict[str, Any], index: int, max_tokens: int
@@ -81,6 +84,7 @@ def test_prefill_rule_matches_sglang(
     assert rules.prefill_token_sizes(max_tokens) == real["prefill"][index]
 
 
+@pytest.mark.xdist_group("sglang_rules_oracle")  # one oracle run, on one worker
 def test_decode_default_is_not_speculative(rules: ModuleType, real: dict[str, Any]) -> None:
     assert rules.decode_batch_sizes(512) == real["decode"][DECODE_CASES.index((512, False))]
 

@@ -94,22 +94,26 @@ def real(rendered: list[config.Effective]) -> dict[str, Any]:
     )
 
 
+@pytest.mark.xdist_group("sglang_oracle")  # the module's one oracle run, on one worker
 @pytest.mark.boots
-def test_dry_run_json_passes_the_real_sglang_parser() -> None:
+def test_dry_run_json_passes_the_real_sglang_parser(real: dict[str, Any]) -> None:
+    """The dry run's argv is the baked configuration's, which the module's oracle run parsed (SETTINGS[0])."""
     done = launch("--dry-run", "--json")
     assert done.returncode == 0, done.stderr
     argv = json.loads(done.stdout)
-    result = oracle({"argvs": [server_args(argv)]})
-    assert result["parse"] == [{"ok": True, "error": ""}]
+    assert argv == config.resolve({}).public_argv() and SETTINGS[0] == {}
+    assert real["parse"][0] == {"ok": True, "error": ""}
     assert argv[argv.index("--cuda-graph-max-bs-decode") + 1] == "512"
     assert argv[argv.index("--cuda-graph-backend-prefill") + 1] == "breakable"
 
 
+@pytest.mark.xdist_group("sglang_oracle")  # the module's one oracle run, on one worker
 @pytest.mark.boots
 def test_every_setting_passes_the_real_parser(real: dict[str, Any]) -> None:
     assert [p["ok"] for p in real["parse"]] == [True] * len(SETTINGS), real["parse"]
 
 
+@pytest.mark.xdist_group("sglang_oracle")  # the module's one oracle run, on one worker
 @pytest.mark.boots
 def test_capture_lists_match_sglangs_rule(rendered: list[config.Effective], real: dict[str, Any]) -> None:
     """What every rank captures, TP or DP attention: the list SGLang configures, then clamped to the rank's request
@@ -162,6 +166,7 @@ DSA_SETS = {
 DSA_REFUSED = ("fp8_e4m3", "tilelang", "flashinfer_sparse_mla")  # a pair 0.5.23 refuses: the rule is live
 
 
+@pytest.mark.xdist_group("sglang_oracle")  # the module's one oracle run, on one worker
 def test_each_attention_alternative_is_a_named_value_that_passes_sglangs_dsa_rule(
     real: dict[str, Any],
 ) -> None:

@@ -19,6 +19,7 @@ import __future__
 
 import ast
 import contextlib
+import functools
 import io
 import json
 import logging
@@ -58,11 +59,15 @@ def dsa(kv_cache_dtype: str, prefill: str, decode: str) -> str:
 SRT = Path(sglang.__file__).parent / "srt"
 
 
+@functools.cache
+def parsed(path: str) -> ast.Module:
+    return ast.parse((SRT / path).read_text())
+
+
 def real(path: str, name: str, namespace: dict[str, Any], within: str | None = None) -> Any:
     """The function `name` (a method of class `within`) from sglang's installed source, compiled alone into
     `namespace`: its own code, with the names it reads taken from `namespace`."""
-    tree = ast.parse((SRT / path).read_text())
-    body = tree.body
+    body = parsed(path).body
     if within is not None:
         body = next(n for n in body if isinstance(n, ast.ClassDef) and n.name == within).body
     node = next(n for n in body if isinstance(n, ast.FunctionDef) and n.name == name)
