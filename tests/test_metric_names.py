@@ -31,7 +31,7 @@ def named() -> dict[str, set[str]]:
         files = (
             [path]
             if path.is_file()
-            else sorted(p for p in path.rglob("*") if p.is_file() and p.suffix != ".png")
+            else sorted(p for p in path.rglob("*") if p.is_file() and p.suffix not in (".png", ".pyc"))
         )
         for file in files:
             for name in NAMED.findall(file.read_text(errors="replace")):

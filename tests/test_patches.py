@@ -6,6 +6,7 @@ import inspect
 import json
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -206,17 +207,50 @@ def test_verify_passes_on_the_patched_tree(patched_tree: Path, fake_nvcc: Path) 
     }
 
 
+# patches.verify.main once for each value of FLASHINFER_CUDA_VERSION (null: unset), in one process: FlashInfer and
+# torch are imported once, not once a value (about 8 CPU-seconds each); verify reads the variable on each call.
+EACH_OVERRIDE = """
+import contextlib, io, json, os, sys
+from patches import verify
+results = []
+for value in json.loads(sys.argv[1]):
+    if value is None:
+        os.environ.pop(verify.ENV, None)
+    else:
+        os.environ[verify.ENV] = value
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = verify.main(["--json", *sys.argv[2:]])
+    results.append({"code": code, **json.loads(out.getvalue())})
+print(json.dumps(results))
+"""
+
+
+def run_verify_each(tree: Path, values: list[str | None], *args: str) -> list[dict[str, Any]]:
+    done = subprocess.run(
+        [sys.executable, "-c", EACH_OVERRIDE, json.dumps(values), *args],
+        capture_output=True, text=True, env=tree_env(tree), check=False, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = []
+    for result in json.loads(done.stdout):
+        assert (result["code"] == 0) == result["ok"]
+        out.append({c["check"]: c for c in result["checks"]} | {"ok": result["ok"]})
+    return out
+
+
 def test_verify_catches_mismatch_malformed_and_unpatched(
     patched_tree: Path, unpatched_tree: Path, fake_nvcc: Path
 ) -> None:
     nvcc = str(fake_nvcc / "bin/nvcc")
-    mismatch = run_verify(patched_tree, "--nvcc", nvcc, "--skip-compile", FLASHINFER_CUDA_VERSION="13.0")
+    mismatch, malformed, unset = run_verify_each(
+        patched_tree, ["13.0", "12", None], "--nvcc", nvcc, "--skip-compile"
+    )
     assert not mismatch["ok"]
     assert "FLASHINFER_CUDA_VERSION=12.9" in mismatch["override-matches-toolkit"]["detail"]
-    malformed = run_verify(patched_tree, "--nvcc", nvcc, "--skip-compile", FLASHINFER_CUDA_VERSION="12")
-    assert not malformed["override-set"]["ok"]
-    unset = run_verify(patched_tree, "--nvcc", nvcc, "--skip-compile", FLASHINFER_CUDA_VERSION=None)
-    assert "is not set" in unset["override-set"]["detail"]
+    assert not malformed["ok"] and not malformed["override-set"]["ok"]
+    assert "12" in malformed["override-set"]["detail"]
+    assert not unset["ok"] and "is not set" in unset["override-set"]["detail"]
     unpatched = run_verify(unpatched_tree, "--nvcc", nvcc, FLASHINFER_CUDA_VERSION="12.9")
     assert not unpatched["patched-module"]["ok"]
     assert "run patches/apply" in unpatched["patched-module"]["detail"]

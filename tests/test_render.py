@@ -105,12 +105,8 @@ def test_no_marker_hides_inside_a_yaml_value(rel: str) -> None:
             assert "ci/render" not in text, f"{rel}: {text!r}"
 
 
-@pytest.mark.parametrize("rel", [*render.MARKED, *render.GENERATED, *render.DOCUMENTS])
-@pytest.mark.boots
-def test_check_names_a_stale_file(tmp_path: Path, rel: str) -> None:
-    root = kit_copy(tmp_path)
-    assert run_render(root, "--check").returncode == 0
-    path = root / rel
+def make_stale(path: Path, rel: str) -> None:
+    """Edit REL by hand where the renderer owns it."""
     text = path.read_text()
     if rel in render.DOCUMENTS:  # only the generated blocks are the renderer's: change one of their lines
         block = text.split("<!-- ci/render: ", 1)[1].split("\n", 1)[1]  # the first generated block's lines
@@ -127,12 +123,26 @@ def test_check_names_a_stale_file(tmp_path: Path, rel: str) -> None:
         path.write_text("\n".join(lines))
     else:
         path.write_text(text.replace("1", "2", 1) + "\n")
-    assert path.read_text() != text
+    assert path.read_text() != text, rel
+
+
+@pytest.mark.boots
+def test_check_names_every_stale_file_and_render_rewrites_only_what_it_owns(tmp_path: Path) -> None:
+    """Every file the renderer keeps, each edited by hand at once (one run of each step, not one a file: the
+    renderer reads them all on every run): --check names each, and a render puts each back, every other line as
+    it was."""
+    root = kit_copy(tmp_path)
+    assert run_render(root, "--check").returncode == 0
+    kept = [*render.MARKED, *render.GENERATED, *render.DOCUMENTS]
+    before = {rel: (root / rel).read_text() for rel in kept}
+    for rel in kept:
+        make_stale(root / rel, rel)
     done = run_render(root, "--check")
-    assert done.returncode == 1 and f"stale: {rel}" in done.stderr, done.stderr
+    unnamed = [rel for rel in kept if f"stale: {rel}" not in done.stderr]
+    assert done.returncode == 1 and unnamed == [], done.stderr
     assert run_render(root).returncode == 0
     assert run_render(root, "--check").returncode == 0
-    assert path.read_text() == text  # rewritten back, every other line as it was
+    assert [rel for rel in kept if (root / rel).read_text() != before[rel]] == []
 
 
 @pytest.mark.parametrize("port", [8080, 31000, 40123])
