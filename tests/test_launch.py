@@ -69,13 +69,36 @@ def rendered() -> list[config.Effective]:
     return [config.resolve(env) for env in SETTINGS]
 
 
+KEY = "s3cret-0123456789abcdef"
+
+
 @pytest.fixture(scope="module")
-def real(rendered: list[config.Effective]) -> dict[str, Any]:
-    return oracle(
+def key_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """GLM5_STATE_DIR of a start with a key, its private config file written (the module's oracle run parses the
+    command line that names it)."""
+    folder = tmp_path_factory.mktemp("key-state")
+    effective = config.resolve({"GLM5_API_KEY": KEY, "GLM5_STATE_DIR": str(folder)})
+    state.write_server_config(folder, effective.secret_options)
+    return folder
+
+
+def removed_flag_argvs() -> list[list[str]]:
+    return [["--model-path", "/m", flag, "8"] for flag in settings.load_config()["removed_flag"]]
+
+
+@pytest.fixture(scope="module")
+def real(rendered: list[config.Effective], key_folder: Path) -> dict[str, Any]:
+    """The module's one oracle run (sglang imported once: about 5 CPU-seconds): SETTINGS' argvs ("parse"), the
+    removed flags ("removed"), the command line with the key's config file ("key")."""
+    removed = removed_flag_argvs()
+    keyed = config.resolve({"GLM5_API_KEY": KEY, "GLM5_STATE_DIR": str(key_folder)})
+    found = oracle(
         {
             "argvs": [
-                server_args(e.public_argv()) for e in rendered
-            ],  # --config's file exists only at --serve
+                *[server_args(e.public_argv()) for e in rendered],  # --config's file exists only at --serve
+                *removed,
+                server_args(keyed.argv),
+            ],
             "capture": [
                 [
                     server_args(e.public_argv()),
@@ -92,6 +115,13 @@ def real(rendered: list[config.Effective]) -> dict[str, Any]:
             "dsa": [*DSA_SETS.values(), DSA_REFUSED],
         }
     )
+    parsed = found["parse"]
+    assert len(parsed) == len(SETTINGS) + len(removed) + 1
+    return found | {
+        "parse": parsed[: len(SETTINGS)],
+        "removed": parsed[len(SETTINGS) : -1],
+        "key": parsed[-1:],
+    }
 
 
 @pytest.mark.xdist_group("sglang_oracle")  # the module's one oracle run, on one worker
@@ -198,11 +228,12 @@ def test_removed_flags_are_never_baked() -> None:
         assert flag not in argv
 
 
+@pytest.mark.xdist_group("sglang_oracle")  # the module's one oracle run, on one worker
 @pytest.mark.boots
-def test_real_parser_rejects_what_check_extra_args_refuses() -> None:
+def test_real_parser_rejects_what_check_extra_args_refuses(real: dict[str, Any]) -> None:
     # The refusal list must stay true for the pinned sglang: each removed flag really fails there.
-    argvs = [["--model-path", "/m", flag, "8"] for flag in settings.load_config()["removed_flag"]]
-    assert [p["ok"] for p in oracle({"argvs": argvs})["parse"]] == [False] * len(argvs)
+    assert len(real["removed"]) == len(removed_flag_argvs()) == 7
+    assert [p["ok"] for p in real["removed"]] == [False] * 7, real["removed"]
 
 
 @pytest.mark.boots
@@ -367,19 +398,19 @@ def test_the_relay_masks_a_secret_split_across_reads(cut: int) -> None:
     assert live.feed(b"capture 3/52\r") == b"capture 3/52\r"  # output with no secret passes at once
 
 
+@pytest.mark.xdist_group("sglang_oracle")  # the module's one oracle run, on one worker
 @pytest.mark.boots
-def test_the_key_goes_to_a_private_config_file_not_the_command_line(tmp_path: Path) -> None:
-    effective = config.resolve({"GLM5_API_KEY": "s3cret-0123456789abcdef", "GLM5_STATE_DIR": str(tmp_path)})
-    assert "s3cret-0123456789abcdef" not in " ".join(effective.argv)
-    assert effective.argv[-2:] == ["--config", str(tmp_path / "server-config.yaml")]
-    assert "--config" not in effective.public_argv() and effective.secret_options == {
-        "api-key": "s3cret-0123456789abcdef"
-    }
-    written = state.write_server_config(tmp_path, effective.secret_options)
+def test_the_key_goes_to_a_private_config_file_not_the_command_line(
+    key_folder: Path, real: dict[str, Any]
+) -> None:
+    effective = config.resolve({"GLM5_API_KEY": KEY, "GLM5_STATE_DIR": str(key_folder)})
+    assert KEY not in " ".join(effective.argv)
+    assert effective.argv[-2:] == ["--config", str(key_folder / "server-config.yaml")]
+    assert "--config" not in effective.public_argv() and effective.secret_options == {"api-key": KEY}
+    written = key_folder / "server-config.yaml"  # state.write_server_config, in the fixture
     assert written.stat().st_mode & 0o777 == 0o600
-    assert yaml.safe_load(written.read_text()) == {"api-key": "s3cret-0123456789abcdef"}
-    real = oracle({"argvs": [server_args(effective.argv)]})  # sglang's own parser reads it
-    assert real["parse"] == [{"ok": True, "error": ""}]
+    assert yaml.safe_load(written.read_text()) == {"api-key": KEY}
+    assert real["key"] == [{"ok": True, "error": ""}]  # sglang's own parser reads it
 
 
 def test_the_relay_masks_escaped_forms_of_a_secret() -> None:

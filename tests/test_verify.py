@@ -6,6 +6,7 @@ server would send it, to the kit's judges."""
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import os
 import re
@@ -336,6 +337,12 @@ def parser_asker(at: int = 0) -> tuple[run.Ask, list[int]]:
     return ask, asked
 
 
+# The tests reading through_the_parsers share one worker, so its one oracle run (sglang imported: about 8 CPU-seconds)
+# is made once, not once a worker.
+PARSERS = pytest.mark.xdist_group("sglang_parsers")
+
+
+@PARSERS
 @pytest.mark.parametrize("at", [0, 1], ids=["5:15 p.m.", "17:15"])
 def test_a_right_model_worded_otherwise_passes_through_sglangs_own_parsers(at: int) -> None:
     """Madrid, Spain; JSON after a preface; 5:15 p.m. and 17:15; working before the number (cut at 16 tokens first);
@@ -350,6 +357,18 @@ def test_a_right_model_worded_otherwise_passes_through_sglangs_own_parsers(at: i
     assert asked.count(2048) == asked.count(8192) == 1
 
 
+def test_every_test_that_reads_the_parsers_run_is_in_its_group() -> None:
+    """A test reading through_the_parsers outside the group runs the oracle again on its own worker."""
+    readers = {
+        name: {m.args for m in getattr(fn, "pytestmark", []) if m.name == "xdist_group"}
+        for name, fn in globals().items()
+        if name.startswith("test_")
+        and re.search(r"\b(through_the_parsers|parser_asker)\(", inspect.getsource(fn))
+    }
+    assert len(readers) == 2 and all(g == {("sglang_parsers",)} for g in readers.values()), readers
+
+
+@PARSERS
 def test_sglangs_parsers_give_the_messages_the_judges_read() -> None:
     """The oracle's messages are SGLang's: a glm47 call with a JSON-string argument object, thinking split off."""
     call, thought, unfinished = through_the_parsers()[1]
