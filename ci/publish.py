@@ -247,6 +247,11 @@ def pull_back(run: Run, digest: str, layers: list[str]) -> Path:
     )
     size = sum(int(layer.get("size", 0)) for layer in raw.get("layers", []))
     free = shutil.disk_usage(run.work).free
+    print(
+        f"ci/publish: {len(layers)} layers, {size / 2**30:.1f} GB compressed; {free / 2**30:.1f} GB free under "
+        f"{run.work} with the registry's copy, before the pull back",
+        file=sys.stderr,
+    )  # the figures ci/build-image's publish_gb estimates
     if free < size + 2**30:
         raise PublishError(
             f"{free / 2**30:.1f} GB free under {run.work}, pulling {digest} back needs {size / 2**30:.1f} GB and 1 GB "

@@ -109,17 +109,22 @@ def run_apply(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+# Each worker's copies of FlashInfer (about 0.6 GB each) are removed when its session ends: pytest keeps its session
+# folders (the last three runs), and the image build after the suite needs the disk.
 @pytest.fixture(scope="session")
-def unpatched_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return copy_flashinfer(tmp_path_factory.mktemp("flashinfer") / "unpatched")
+def unpatched_tree(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    tree = copy_flashinfer(tmp_path_factory.mktemp("flashinfer") / "unpatched")
+    yield tree
+    shutil.rmtree(tree.parent, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
-def patched_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def patched_tree(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     tree = copy_flashinfer(tmp_path_factory.mktemp("flashinfer") / "patched")
     done = run_apply("--target", str(tree))
     assert done.returncode == 0, done.stderr
-    return tree
+    yield tree
+    shutil.rmtree(tree.parent, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
