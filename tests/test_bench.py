@@ -372,13 +372,11 @@ def test_sweep_end_to_end_on_the_box_double_names_the_kv_bound_and_the_winner(tm
     )
     run = json.loads((out / "mem-0.85.json").read_text())
     assert run["kv"]["requests_held"] == 2 and run["kv"]["kv_bound"] is True  # the sizes line's pool
-    assert run["kv"]["measured"] | {"samples": 0} == {
-        "samples": 0,
-        "running_max": 2,
-        "queued_max": 2,
-        "kv_bound": True,
-    }
-    assert "| KV-bound: at most 2 ran, 2 queued |" in table
+    # SGLang's gauges read every poll: the peak of 2 queued can fall between two reads on a loaded machine (1 was
+    # read once in a clean clone's run); any queued read with the pool full is the KV-bound reading.
+    measured = run["kv"]["measured"]
+    assert (measured["running_max"], measured["kv_bound"]) == (2, True) and measured["queued_max"] in (1, 2)
+    assert f"| KV-bound: at most 2 ran, {measured['queued_max']} queued |" in table
     assert run["result"]["total_throughput"] > run["result"]["output_throughput"] > 0
     assert run["shape"]["name"] == "tiny" and run["baseline_output_tok_s"] == 50
     assert run["configuration"]["argv"].count("0.85") == 1
