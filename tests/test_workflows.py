@@ -183,10 +183,8 @@ def test_short_disk_is_a_skip(short_disk: Path) -> None:
     path = f"{short_disk}{os.pathsep}{os.environ['PATH']}"
     done = build_image(PATH=path)
     assert (done.returncode, done.stdout) == (0, "")
-    assert (
-        "SKIPPED: 14 GB free under /var/lib/containers, the build needs 57 GB (12 of them to publish: "
-        "GLM5_PUBLISH=none leaves that out)"
-    ) in done.stderr
+    # publishing beside the built image (13 + 16 GB, measured) fits in the build's own 45
+    assert "SKIPPED: 14 GB free under /var/lib/containers, the build needs 45 GB\n" in done.stderr
     done = build_image(PATH=path, GITHUB_ACTIONS="true", GLM5_REQUIRE_IMAGE="0", GLM5_PUBLISH="none")
     assert done.returncode == 0
     assert done.stdout == (
