@@ -222,33 +222,54 @@ BENCH_PYTHON = ROOT / ".venv-bench" / "bin" / "python"
 GLM5_CONFIG = ROOT / "tests" / "fixtures" / "glm5-config"
 
 
+# entrypoint/resolve_flags.py's main once for each argv, in one process: sglang is imported once, not once an argv
+# (about 9 CPU-seconds each). Each result: its exit code and what it wrote to stderr.
+EACH_ARGV = """
+import contextlib, io, json, sys
+sys.path.insert(0, sys.argv[1])
+import resolve_flags
+results = []
+for argv in json.loads(sys.argv[2]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            code = resolve_flags.main(argv)
+        except SystemExit as exit:  # argparse's own refusal
+            code = exit.code
+    results.append({"code": code, "stderr": err.getvalue()})
+print(json.dumps(results))
+"""
+
+
 @pytest.mark.skipif(not BENCH_PYTHON.exists(), reason="ci/setup-test-env bench makes .venv-bench")
 @pytest.mark.boots
 def test_server_flags_go_through_sglangs_own_resolution() -> None:
     """argparse, then resolve_once with the model's config and check_server_args: combinations only the
-    resolution refuses fail at preflight, in seconds, not after the load. A refused flag names GLM5_EXTRA_ARGS only
-    when it came from there (the last case), else the kit's own flags. Each call imports sglang (9 CPU-seconds):
-    one refusal per layer (a bare assertion's wording: the next test)."""
+    resolution refuses fail at preflight, in seconds, not after the load. Through preflight.check_flags (one
+    sglang import a call): the kit's flags pass, and a refusal of a flag from GLM5_EXTRA_ARGS names that setting.
+    The other two layers' refusals through resolve_flags' main in one process (what check_flags runs; its last
+    stderr line is the reason check_flags gives). A bare assertion's wording: the next test."""
     argv = config.resolve({"GLM5_MODEL_DIR": str(GLM5_CONFIG)}).public_argv()[3:]
     assert preflight.check_flags(argv, str(BENCH_PYTHON)) == []
-    for extra, said, from_extra_args in (
-        (["--no-such-flag"], "unrecognized arguments: --no-such-flag", False),  # argparse
-        (["--context-length", "999999999"], "is greater than the derived context_length (202752)", False),
-        (
-            ["--retraction-policy", "priority"],
-            "requires --enable-priority-scheduling",
-            True,
-        ),  # check_server_args
-    ):
-        found = preflight.check_flags(
-            [*argv, *extra], str(BENCH_PYTHON), extra_args=extra if from_extra_args else ()
-        )
-        assert [f.code for f in found] == [preflight.SERVER_FLAGS], (extra, found)
-        assert said in found[0].message, found[0].message
-        if from_extra_args:
-            assert found[0].setting == "GLM5_EXTRA_ARGS" and "fix or remove the flag" in found[0].message
-        else:  # as if glm5.toml's [[flag]] said it
-            assert found[0].setting.startswith("the server flags") and "GLM5_EXTRA_ARGS" not in str(found[0])
+    extra = ["--retraction-policy", "priority"]  # check_server_args
+    found = preflight.check_flags([*argv, *extra], str(BENCH_PYTHON), extra_args=extra)
+    assert [f.code for f in found] == [preflight.SERVER_FLAGS], found
+    assert "requires --enable-priority-scheduling" in found[0].message, found[0].message
+    assert found[0].setting == "GLM5_EXTRA_ARGS" and "fix or remove the flag" in found[0].message
+    layers = [
+        (["--no-such-flag"], 2, "unrecognized arguments: --no-such-flag"),  # argparse
+        (["--context-length", "999999999"], 1, "is greater than the derived context_length (202752)"),
+    ]
+    done = subprocess.run(
+        [str(BENCH_PYTHON), "-c", EACH_ARGV, str(ROOT / "entrypoint"),
+         json.dumps([[*argv, *extra] for extra, _, _ in layers])],
+        capture_output=True, text=True, check=False, timeout=300,
+        env=dict(os.environ) | {"HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    for (extra, code, said), result in zip(layers, json.loads(done.stdout), strict=True):
+        last = [ln for ln in result["stderr"].strip().splitlines() if ln.strip()][-1]
+        assert (result["code"], said in last) == (code, True), (extra, result)
 
 
 def test_a_bare_assertion_of_the_resolution_is_worded(tmp_path: Path) -> None:
