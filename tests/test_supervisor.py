@@ -96,7 +96,7 @@ def test_entrypoint_runs_other_commands(tmp_path: Path) -> None:
         ],
         capture_output=True,
         text=True,
-        env=os.environ | {"GLM5_HOME": str(ROOT)},
+        env=kit_env(GLM5_HOME=str(ROOT)),
         check=False,
     )
     assert done.returncode == 0 and "sglang.launch_server" in done.stdout
@@ -157,7 +157,7 @@ def test_serve_takes_no_arguments(tmp_path: Path) -> None:
         [str(ROOT / "entrypoint/entrypoint.sh"), "serve", "--max-running-requests", "64"],
         capture_output=True,
         text=True,
-        env=os.environ | {"GLM5_HOME": str(ROOT)},
+        env=kit_env(GLM5_HOME=str(ROOT)),
         check=False,
     )
     assert done.returncode == 2
