@@ -7,6 +7,7 @@
 # a failing `x=$(...)` inside a function ends the script silently). A failure inside a command substitution or a
 # subshell is reported there, marked "(in a subshell)", and again where its status fails the enclosing command.
 # Where a failure is tested (if, while, ||, &&, !), bash runs no ERR trap, inside substitutions too: only real ends.
+# A step that has said why it stops ends with `exit N` (no report follows); the report is for every other stop.
 # inherit_errexit: a command substitution stops at its first failure, as the script around it would.
 set -Eeuo pipefail
 shopt -s inherit_errexit

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,12 @@ SERVER_PROGRAM = ("python3", "-m", "sglang.launch_server")
 ALIASES = Path(__file__).resolve().parent / "sglang_aliases.json"
 IPC_SWITCH = "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"  # srt/environ.py:1539: GLM5_ALLREDUCE sets it (launch)
 CONFIG_FLAG = "--config"  # sglang 0.5.23 reads options from a YAML file (utils/server_args_config_parser.py)
+
+
+def generated_key() -> str:
+    """A secret for a flag whose setting is unset and that must not stay open (glm5.toml `generated`): 43 characters
+    of a CSPRNG, held by no one, printed nowhere (the relay masks every secret option)."""
+    return secrets.token_urlsafe(32)
 
 
 @dataclass
@@ -201,6 +208,8 @@ def resolve(environ: Mapping[str, str], config: Mapping[str, Any] | None = None)
         if "setting" in flag:  # the setting's value, left out while unset; a secret only in the config file
             setting = decls[flag["setting"]]
             value = values[setting.key]
+            if (value is None or value == "") and flag.get("generated") and setting.kind == "secret":
+                value = generated_key()  # unset: a key nobody is given (each resolution its own)
             if value is None or value == "":
                 continue
             if setting.kind == "secret":

@@ -16,11 +16,14 @@ and nothing needs a relaunch; smg's queue and the bound used while no replica is
 replicas listed (FILE's workers, or --replicas, else [gateway].replicas), and the scheduler's classes, all alike,
 are written beside the rotation's record with the queue size and timeout smg's flags give;
 then any SMG-FLAGS; smg's own parser (smg.launch_router.
-parse_router_args) checks them all. The key, GLM5_API_KEY or GLM5_API_KEY_FILE as for the replicas, is added
-to the parsed arguments inside this process and smg is run from Python (smg.launch_router.launch_router), so it
-is in no argv (ps, /proc/PID/cmdline, the pod spec). smg checks it on /v1/* and forwards the client's own
-Authorization header to the replicas, which hold the same key: one key, checked at the gateway and again by
-every replica on the cluster network.
+parse_router_args) checks them all. The keys are added to the parsed arguments inside this process and smg is run
+from Python (smg.launch_router.launch_router), so neither is in any argv (ps, /proc/PID/cmdline, the pod spec):
+- the clients' key, GLM5_API_KEY or GLM5_API_KEY_FILE as for the replicas: smg checks it on /v1/* and forwards the
+  client's own Authorization header to the replicas, which hold the same key (checked again by each);
+- the operator's key, GLM5_ADMIN_API_KEY(_FILE) (unset: a random one this process alone holds), as smg's
+  --control-plane-api-keys: its worker API and admin routes (/workers, /flush_cache, profiles, tokenizers) take it
+  and refuse the clients' key; the rotation registers the replicas with it.
+A request runs once ([gateway].flags: no retry, no circuit breaker) and its body is bounded (`max_payload_bytes`).
 Exit codes (common/report.py): 2 bad usage or flags smg refuses, 3 an invalid setting; smg's own otherwise.
 """
 
@@ -43,6 +46,7 @@ from common.report import INVALID_SETTING, USAGE, Log, Problem, Problems
 from configuration import admission as kv
 from configuration import layout, settings
 from configuration.batch_sizes import decode_capture_sizes
+from configuration.config import generated_key
 from gateway.rotation import Registry, Rotation, Slots, pods, read_workers
 
 LOG = Log("gateway")
@@ -95,6 +99,13 @@ def admission(
             "--shutdown-grace-period-secs", str(gw["shutdown_grace_seconds"])]  # fmt: skip
 
 
+def max_payload_bytes() -> int:
+    """The largest request body smg accepts: the longest context the kit sizes for, at [gateway]
+    payload_bytes_per_token (glm5.toml says why)."""
+    gw = settings.load_config()["gateway"]
+    return int(max(gw["sizing_contexts"])) * int(gw["payload_bytes_per_token"])
+
+
 def scheduler_classes(queue_size: int, queue_timeout_secs: int) -> str:
     """smg's priority-scheduler config (JSON, which its YAML reader takes): every class alike, none reserved, none
     preempting, each queueing as smg's --queue-size and --queue-timeout-secs say (the scheduler reads its classes,
@@ -114,6 +125,7 @@ def smg_argv(values: Mapping[str, Any], args: argparse.Namespace, groups: int = 
     argv = ["--host", "0.0.0.0", "--port", str(gw["port"]), "--prometheus-port", str(gw["metrics_port"])]
     argv += ["--prometheus-host", "0.0.0.0", "--health-check-port", str(gw["probe_port"])]
     argv += [str(f).format(**values) for f in gw["flags"]]
+    argv += ["--max-payload-size", str(max_payload_bytes())]
     config = str(scheduler_file(args))
     if args.discovery_file:
         argv += admission(values, len(read_workers(Path(args.discovery_file)) or []), config, 1, groups)
@@ -176,19 +188,25 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
         return INVALID_SETTING
     public = smg_argv(values, args, groups)
     key = values["api_key"]
+    operator = values["admin_api_key"] or generated_key()
     from smg.launch_router import launch_router, parse_router_args
 
     said = io.StringIO()
+    keys = (["--api-key", key] if key else []) + [
+        "--control-plane-api-keys",
+        f"operator:operator:admin:{operator}",
+    ]
     try:
         with contextlib.redirect_stderr(said):
-            router_args = parse_router_args(public + (["--api-key", key] if key else []))
+            router_args = parse_router_args(public + keys)
     except SystemExit as exit_:  # smg's argparse refused a flag: its own message, without its usage
         reason = (said.getvalue().strip().splitlines() or ["(no message)"])[-1]
         LOG.error(f"smg refused the gateway flags: {reason.split(': error: ', 1)[-1]}")
         return USAGE if exit_.code else 0
     classes = scheduler_classes(router_args.queue_size, router_args.queue_timeout_secs)
     if args.dry_run:
-        print(shlex.join(["smg", "launch", *public, *(["--api-key", "(redacted)"] if key else [])]))
+        shown = [*(["--api-key", "(redacted)"] if key else []), "--control-plane-api-keys", "(redacted)"]
+        print(shlex.join(["smg", "launch", *public, *shown]))
         print(f"# {scheduler_file(args)}:\n{classes}", end="")
         return 0
     if not key:
@@ -198,7 +216,9 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
     )
     gateways = 1 if args.discovery_file else int(settings.load_config()["gateway"]["gateways"])
     host = "127.0.0.1" if router_args.host in ("0.0.0.0", "::", "") else router_args.host
-    registry = Registry(f"http://{'[' + host + ']' if ':' in host else host}:{router_args.port}", key or None)
+    registry = Registry(
+        f"http://{'[' + host + ']' if ':' in host else host}:{router_args.port}", operator, key or None
+    )
     turn = Rotation(
         source,
         Path(args.rotation_file),

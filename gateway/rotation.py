@@ -169,10 +169,12 @@ def manifest(workers: list[Worker], slots: dict[str, int]) -> str:
 
 
 class Registry:
-    """smg's workers, through its control-plane API (the gateway's own key, which smg checks there too)."""
+    """smg's workers, through its control-plane API with the operator's key (`key`: smg's --control-plane-api-keys,
+    which refuses the clients' key there); each worker registered with the clients' key (`worker_key`), which its
+    replica holds and smg's own asks of it (/server_info, /health) carry."""
 
-    def __init__(self, base_url: str, key: str | None) -> None:
-        self.base_url, self.key = base_url.rstrip("/"), key
+    def __init__(self, base_url: str, key: str | None, worker_key: str | None = None) -> None:
+        self.base_url, self.key, self.worker_key = base_url.rstrip("/"), key, worker_key
 
     def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         data = json.dumps(body).encode() if body is not None else None
@@ -199,10 +201,8 @@ class Registry:
             if url in live and _slots(live[url]) == slots:
                 continue
             worker: dict[str, Any] = {"url": url, "labels": {SLOTS_LABEL: str(slots)}}
-            if (
-                self.key
-            ):  # the replicas hold the gateway's key: smg's own asks (/server_info, /health) carry it
-                worker["api_key"] = self.key  # (smg 1.13.0 never shows it back on GET /workers)
+            if self.worker_key:  # smg 1.13.0 never shows it back on GET /workers
+                worker["api_key"] = self.worker_key
             try:
                 self.call("POST", "/workers", worker)
             except urllib.error.HTTPError as err:

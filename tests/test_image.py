@@ -440,3 +440,20 @@ def test_the_compose_gateway_profile_is_valid_and_gpu_free() -> None:
         "services"
     ]
     assert "gateway" not in plain  # only with the profile
+
+
+def test_on_the_gateways_host_clients_reach_the_gateway_alone() -> None:
+    """Issue 50: the gateway profile published this host's replica too, past the gateway's key and checks. With
+    docker-compose.gateway.yml the replica publishes nothing; the gateway reaches it on the compose network."""
+    pair = ("-f", "docker-compose.yml", "-f", "docker-compose.gateway.yml", "--profile", "gateway")
+    done = run(tool("docker-compose"), *pair, "config", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    services = json.loads(done.stdout)["services"]
+    assert "ports" not in services["glm5"]
+    assert [p["target"] for p in services["gateway"]["ports"]] == [settings.load_config()["gateway"]["port"]]
+    plain = json.loads(
+        run(tool("docker-compose"), "-f", "docker-compose.yml", "config", "--format", "json").stdout
+    )
+    assert plain["services"]["glm5"]["ports"], "the one-box quick start keeps its published port"
+    local = json.loads((ROOT / "gateway" / "workers.example.json").read_text())["workers"][0]["url"]
+    assert local == f"http://glm5:{settings.load_config()['deployment']['port']}"

@@ -6,6 +6,7 @@ import json
 import subprocess
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 import yaml
@@ -131,7 +132,9 @@ def test_dry_run_json_passes_the_real_sglang_parser(real: dict[str, Any]) -> Non
     done = launch("--dry-run", "--json")
     assert done.returncode == 0, done.stderr
     argv = json.loads(done.stdout)
-    assert argv == config.resolve({}).public_argv() and SETTINGS[0] == {}
+    # the operator's key (random while GLM5_ADMIN_API_KEY is unset) is always a secret option: --config names its file
+    assert argv[-2] == config.CONFIG_FLAG and argv[-1].endswith("/server-config.yaml")
+    assert argv[:-2] == config.resolve({}).public_argv() and SETTINGS[0] == {}
     assert real["parse"][0] == {"ok": True, "error": ""}
     assert argv[argv.index("--cuda-graph-max-bs-decode") + 1] == "512"
     assert argv[argv.index("--cuda-graph-backend-prefill") + 1] == "breakable"
@@ -306,7 +309,7 @@ def test_api_key_file_is_read(tmp_path: Path) -> None:
     key.write_text("from-file-0123456789\n")
     effective = config.resolve({"GLM5_API_KEY_FILE": str(key)})
     assert (
-        effective.secret_options == {"api-key": "from-file-0123456789"}
+        effective.secret_options["api-key"] == "from-file-0123456789"
         and "from-file-0123456789" not in effective.argv
     )
     assert "from-file-0123456789" not in json.dumps(effective.state({}))
@@ -406,10 +409,11 @@ def test_the_key_goes_to_a_private_config_file_not_the_command_line(
     effective = config.resolve({"GLM5_API_KEY": KEY, "GLM5_STATE_DIR": str(key_folder)})
     assert KEY not in " ".join(effective.argv)
     assert effective.argv[-2:] == ["--config", str(key_folder / "server-config.yaml")]
-    assert "--config" not in effective.public_argv() and effective.secret_options == {"api-key": KEY}
+    assert "--config" not in effective.public_argv() and effective.secret_options["api-key"] == KEY
     written = key_folder / "server-config.yaml"  # state.write_server_config, in the fixture
     assert written.stat().st_mode & 0o777 == 0o600
-    assert yaml.safe_load(written.read_text()) == {"api-key": KEY}
+    # the operator's key beside it: GLM5_ADMIN_API_KEY unset, a random one (tests/test_settings.py)
+    assert yaml.safe_load(written.read_text()) == {"api-key": KEY, "admin-api-key": mock.ANY}
     assert real["key"] == [{"ok": True, "error": ""}]  # sglang's own parser reads it
 
 

@@ -360,7 +360,7 @@ def listed(url: str, slots: int, status: str = "ready") -> dict[str, Any]:
 def test_smg_is_told_each_ready_replica_with_its_share_and_nothing_else() -> None:
     server = ThreadingHTTPServer(("127.0.0.1", 0), FakeSmg)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    smg = rotation.Registry(f"http://127.0.0.1:{server.server_address[1]}", "k-123")
+    smg = rotation.Registry(f"http://127.0.0.1:{server.server_address[1]}", "k-123", "client-456")
     FakeSmg.calls = []
     FakeSmg.workers = [listed("http://a:1", 3), listed("http://b:1", 3), listed("http://c:1", 4, "draining"),
                        listed("http://e:1", 2)]  # fmt: skip
@@ -382,8 +382,11 @@ def test_smg_is_told_each_ready_replica_with_its_share_and_nothing_else() -> Non
             ("POST", "/workers", "http://c:1", {"max_running_requests": "4"}),  # 409 until smg has dropped it
             ("POST", "/workers", "http://d:1", {"max_running_requests": "2"}),
         ]  # a, listed with its share, is left alone
-        assert all(key == "Bearer k-123" for *_, key in FakeSmg.calls)  # smg checks its key on /workers too
-        assert all(body.get("api_key") == "k-123" for method, _, body, _ in FakeSmg.calls if method == "POST")
+        # the operator's key on smg's control plane; each worker registered with the clients' key its replica holds
+        assert all(key == "Bearer k-123" for *_, key in FakeSmg.calls)
+        assert all(
+            body.get("api_key") == "client-456" for method, _, body, _ in FakeSmg.calls if method == "POST"
+        )
         with pytest.raises(urllib.error.HTTPError):  # anything but a 409: said by the rotation, tried again
             smg.sync({"http://f:9": 1})
     finally:

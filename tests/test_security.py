@@ -196,7 +196,9 @@ def test_network_policies_let_in_only_clients_the_gateway_and_prometheus() -> No
     prometheus = {"ns": {"kubernetes.io/metadata.name": DEPLOYMENT["monitoring_namespace"]}}
     stranger = {"pod": {"app": "other"}, "ns": {"kubernetes.io/metadata.name": "default"}}
     server = p["glm5-server"]
-    assert allowed_ports(server, client) == {"http"}
+    # where a gateway runs, clients reach it alone (issue 50); the one-replica base lets them call the server
+    assert allowed_ports(server, client) == set()
+    assert allowed_ports(policies("k8s/base")["glm5-server"], client) == {"http"}
     assert allowed_ports(server, gateway) == {"http", "exporter"}  # the rotation asks the exporter's /ready
     assert allowed_ports(server, prometheus) == {"http", "exporter"}
     assert allowed_ports(server, stranger) == set()

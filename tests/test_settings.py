@@ -130,11 +130,29 @@ def test_secrets_come_from_the_variable_or_its_file(tmp_path: Path) -> None:
 
 def test_no_secret_reaches_the_state_or_the_printed_command(tmp_path: Path) -> None:
     effective = config.resolve({"GLM5_API_KEY": "s3cret-value-0123456789"})
-    assert effective.secret_options == {
-        "api-key": "s3cret-value-0123456789"
-    }  # it reaches the server through --config only
+    operator = effective.secret_options.pop("admin-api-key")
+    # both reach the server through --config only
+    assert effective.secret_options == {"api-key": "s3cret-value-0123456789"}
     for shown in (effective.argv, effective.public_argv(), effective.state({})):
-        assert "s3cret-value-0123456789" not in repr(shown)
+        assert "s3cret-value-0123456789" not in repr(shown) and operator not in repr(shown)
+
+
+def test_the_operators_key_is_its_own_and_never_left_open() -> None:
+    """Issue 50: SGLang's admin endpoints took the clients' key while no --admin-api-key was set. Given, the
+    operator's key is the server's admin key; unset, each start gets a random one no one holds."""
+    given = config.resolve(
+        {"GLM5_API_KEY": "client-key-0123456789", "GLM5_ADMIN_API_KEY": "operator-key-0123456"}
+    )
+    assert given.secret_options == {
+        "api-key": "client-key-0123456789",
+        "admin-api-key": "operator-key-0123456",
+    }
+    first, second = (config.resolve({}).secret_options["admin-api-key"] for _ in range(2))
+    assert first != second and len(first) >= 40 and "api-key" not in config.resolve({}).secret_options
+    assert config.resolve({}).argv[-2] == config.CONFIG_FLAG
+    assert problems_of({"GLM5_ADMIN_API_KEY": "short"}) == [
+        "GLM5_ADMIN_API_KEY: is 5 characters long; fix: use at least 16 random characters (openssl rand -hex 24)"
+    ]
 
 
 def kit_python_files() -> list[Path]:
@@ -259,8 +277,8 @@ def test_debug_lines_only_with_the_switch(
             "--cuda-graph-max-bs-d 256",
             "--cuda-graph-max-bs-d (as --cuda-graph-max-bs-decode) is set by the configuration",
         ),
-        ("--admin-api-key K", "--admin-api-key is not supported"),
-        ("--admin-api=K", "--admin-api is not supported"),
+        ("--admin-api-key K", "--admin-api-key is set by the configuration; fix: use GLM5_ADMIN_API_KEY"),
+        ("--admin-api=K", "--admin-api (as --admin-api-key) is set by the configuration"),
     ],
 )
 def test_extra_args_cannot_reach_an_owned_or_secret_flag_by_a_prefix(extra: str, message: str) -> None:

@@ -17,6 +17,7 @@ from conftest import ROOT
 from helpers.container import Container, free_port, start
 
 KEY = "gateway-test-key-0123456789"
+ADMIN_KEY = "gateway-operator-key-9876543210"  # GLM5_ADMIN_API_KEY: smg's control plane, never the clients'
 LAUNCH = ROOT / "gateway" / "launch"
 
 
@@ -40,6 +41,7 @@ class Gateway:
             | {
                 "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
                 "GLM5_API_KEY": KEY,
+                "GLM5_ADMIN_API_KEY": ADMIN_KEY,
             }
             | env
         )
