@@ -246,7 +246,10 @@ def resolve(environ: Mapping[str, str], config: Mapping[str, Any] | None = None)
     env = {e["name"]: str(e["value"]).format(**values) for e in config["env"] if "value" in e}
     spec = values["speculative"] != "off"
     groups, tp = chosen.attn_dp_size, int(values["gpu_count"])
-    prefill_max = min(8192, int(flag_value(argv, "--chunked-prefill-size") or 8192))
+    # The largest prefill shape: 0.5.23 caps it at min(8192, chunk) (srt/arg_groups/memory_hook.py:233-237), then under
+    # attention DP divides the chunk by the groups and re-clamps the shape list to that (parallel_hook.py:327-360):
+    # at D=4, 8192 -> 2048, 42 shapes. tests/test_launch.py holds this to 0.5.23's own resolution.
+    prefill_max = min(8192, int(flag_value(argv, "--chunked-prefill-size") or 8192) // groups)
     applied = {
         s.name: environ[s.name].strip()
         for s in decls.values()

@@ -19,6 +19,7 @@ from configuration import state
 from conftest import ROOT, healthcheck_json, kit_env
 from healthcheck import logscan, phase
 from healthcheck import probe as healthcheck_probe
+from helpers.container import Container, start
 from helpers.judging import decided
 
 HEALTHCHECK = ROOT / "healthcheck" / "healthcheck"
@@ -58,16 +59,16 @@ def test_a_dp_attention_start_reads_ready_with_the_lists_its_ranks_capture() -> 
     code, state = probe("--log", dp_log, "--no-http", GLM5_PROFILE="throughput")
     assert state["phase"] == "ready" and code == 0, state
     assert (state["decode_captured"], state["decode_expected"]) == (51, 51)
-    assert (state["prefill_captured"], state["prefill_expected"]) == (58, 58)
+    assert (state["prefill_captured"], state["prefill_expected"]) == (42, 42)  # 8192 // 4 = 2048: 4..2048
     assert state["capacity"]["max_total_num_tokens"] == 261569  # one group's pool, from DP0 TP0's line
     code, state = probe("--log", dp_log, "--no-http")
     assert (state["phase"], state["failure_kind"], state["decode_expected"]) == ("failed", "decode_short", 52)
     # What the gateway admits to it, as its exporter says (KEDA's unit): each of the 4 groups what 261,569 tokens hold
     # of 16k (15), at most a rank's largest graph; read as TP attention it would be 15.
     scan = logscan.scan((LOGS / "sglang-0.5.23-dp-attention-4.log").read_bytes())
-    dp = decided(scan, (51, 58), attn_dp_size=4, decode_max=512, context_tokens=16384)
+    dp = decided(scan, (51, 42), attn_dp_size=4, decode_max=512, context_tokens=16384)
     assert dp.capacity is not None and dp.capacity["admitted_requests"] == 60
-    assert decided(scan, (51, 58), decode_max=512, context_tokens=16384).capacity["admitted_requests"] == 15
+    assert decided(scan, (51, 42), decode_max=512, context_tokens=16384).capacity["admitted_requests"] == 15
 
 
 def test_failure_reasons_say_what_and_where() -> None:
@@ -413,3 +414,17 @@ def test_out_of_memory_without_a_traceback_still_fails_the_start() -> None:
     assert result.phase == "failed" and result.reason is not None
     assert result.reason.startswith("out of memory: OutOfMemoryError: CUDA out of memory. Tried to allocate")
     assert "while loading weights" in result.reason and "lower GLM5_MEM_FRACTION_STATIC" in result.reason
+
+
+@pytest.mark.boots
+def test_a_throughput_start_of_the_double_reads_ready(tmp_path: Path, containers: list[Container]) -> None:
+    """Issue 52: every GLM5_PROFILE=throughput start ended prefill_short, the kit expecting 58 prefill shapes where
+    0.5.23 captures 42 at D=4. The double captures as 0.5.23 does (the chunk divided, the shapes re-clamped, decode
+    batches aligned to the attention-TP size); the kit's expectation is 0.5.23's (tests/test_launch.py)."""
+    c = start(tmp_path, GLM5_PROFILE="throughput", GLM5_VERIFY="off")
+    containers.append(c)
+    c.wait_healthy()
+    code, state = healthcheck_json(c.target.env, "--no-http")
+    assert state["phase"] == "ready" and code == 0, state
+    assert (state["prefill_captured"], state["prefill_expected"]) == (42, 42)
+    assert (state["decode_captured"], state["decode_expected"]) == (51, 51)

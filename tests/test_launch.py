@@ -109,7 +109,7 @@ def real(rendered: list[config.Effective], key_folder: Path) -> dict[str, Any]:
                         e.values["max_running_requests"],
                     ),
                     rank_tokens(e),
-                    8192,  # --chunked-prefill-size, baked
+                    8192,  # unread: the prefill shapes are held to SGLang's own resolution (RESOLVED below)
                 ]
                 for e in rendered
             ],
@@ -149,16 +149,71 @@ def test_every_setting_passes_the_real_parser(real: dict[str, Any]) -> None:
 @pytest.mark.xdist_group("sglang_oracle")  # the module's one oracle run, on one worker
 @pytest.mark.boots
 def test_capture_lists_match_sglangs_rule(rendered: list[config.Effective], real: dict[str, Any]) -> None:
-    """What every rank captures, TP or DP attention: the list SGLang configures, then clamped to the rank's request
-    pool and aligned to its attention-TP size by 0.5.23's own functions (tests/helpers/sglang_oracle.py capture)."""
+    """The decode batches every rank captures, TP or DP attention: the list SGLang configures, then clamped to the
+    rank's request pool and aligned to its attention-TP size by 0.5.23's own functions (tests/helpers/sglang_oracle.py
+    capture). The prefill shapes: test_the_expected_prefill_shapes_are_what_sglangs_resolution_settles."""
     for env, effective, found in zip(SETTINGS, rendered, real["capture"], strict=True):
         assert effective.decode_sizes == found["decode"], env
-        assert effective.prefill_sizes == found["prefill"], env
     dp2 = rendered[SETTINGS.index({"GLM5_PROFILE": "throughput", "GLM5_ATTN_DP_SIZE": "2",
                                    "GLM5_MAX_RUNNING_REQUESTS": "256"})]  # fmt: skip
     assert (
         dp2.decode_sizes[0] == 4 and dp2.decode_sizes[-1] == 128
     )  # aligned to 4 GPUs, 256 split over 2 groups
+
+
+# Both profiles and every attention-DP size the throughput profile chooses from ([layout].attn_dp_sizes).
+RESOLVED = [{}, {"GLM5_SPECULATIVE": "mtp"}] + [
+    {"GLM5_PROFILE": "throughput", "GLM5_ATTN_DP_SIZE": str(d)}
+    for d in settings.load_config()["layout"]["attn_dp_sizes"]
+]
+
+
+@pytest.fixture(scope="module")
+def resolved(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[config.Effective, dict[str, Any]]]:
+    """What SGLang 0.5.23's own resolution settles for the kit's argv, the checkpoint's config as the model folder
+    (tests/helpers/sglang_resolution_oracle.py, about 5 CPU-seconds each)."""
+    model = tmp_path_factory.mktemp("glm5-config")
+    for name in ("config.json", "hf_quant_config.json"):
+        (model / name).write_bytes((ROOT / "tests" / "fixtures" / "glm5-config" / name).read_bytes())
+    effective = [config.resolve(env) for env in RESOLVED]
+    found = oracles.ask(
+        ROOT / "tests" / "helpers" / "sglang_resolution_oracle.py",
+        {
+            "model": str(model),
+            "resolve": [
+                [
+                    server_args(e.public_argv()),
+                    batch_sizes.effective_decode_max_bs(
+                        e.values["cuda_graph_max_bs_decode"],
+                        e.values["speculative"] != "off",
+                        e.values["max_running_requests"],
+                    ),
+                    rank_tokens(e),
+                ]
+                for e in effective
+            ],
+        },
+        python=str(ROOT / ".venv-sglang-cpu" / "bin" / "python"),
+        env={"PYTHONPATH": str(ROOT / "tests" / "stubs" / "sglang_cpu"), "SGLANG_USE_CPU_ENGINE": "1"},
+    )
+    return list(zip(effective, found["resolve"], strict=True))
+
+
+@pytest.mark.xdist_group("sglang_resolution")
+@pytest.mark.boots
+def test_the_expected_prefill_shapes_are_what_sglangs_resolution_settles(
+    resolved: list[tuple[config.Effective, dict[str, Any]]],
+) -> None:
+    """Issue 52: under --attn-dp-size D, 0.5.23 divides the chunk by D and re-clamps the prefill capture list to it
+    (srt/arg_groups/parallel_hook.py:327-360): at D=4 it captures 42 shapes where the kit expected 58, and every
+    throughput start ended prefill_short. The expectation now follows the resolution, for every profile and D."""
+    for (effective, found), env in zip(resolved, RESOLVED, strict=True):
+        groups = effective.layout.attn_dp_size
+        assert found["chunk"] == 8192 // groups, env
+        assert effective.prefill_sizes == found["prefill"], env
+        assert effective.prefill_sizes[-1] == min(8192, found["chunk"]), env
+    by_groups = {e.layout.attn_dp_size: len(e.prefill_sizes) for e, _ in resolved}
+    assert by_groups[1] == 58 and by_groups[4] == 42  # the audit's figures (start-audit F1)
 
 
 def test_baked_default_expects_52_decode_and_58_prefill_sizes() -> None:

@@ -174,7 +174,12 @@ def startup(args: argparse.Namespace) -> None:
             "Load weight end. elapsed=36.12 s, type=GlmMoeDsaForCausalLM, quant=modelopt_fp4, avail mem=37.51 GB, mem usage=57.11 GB.",
             rank,
         )
-    prefill = prefill_sizes(min(8192, args.chunked_prefill_size or 8192))
+    # Under --attn-dp-size D, 0.5.23 divides the chunk by D and re-clamps the prefill shapes to it
+    # (srt/arg_groups/parallel_hook.py:327-360), and each rank's decode batches are multiples of its attention-TP size
+    # (utils/common.py get_cuda_graph_batch_size_alignment; runner/base_cuda_graph_runner.py get_batch_sizes_to_capture).
+    groups = args.attn_dp_size or 1
+    chunk = (args.chunked_prefill_size or 8192) // groups
+    prefill = prefill_sizes(min(8192, chunk))
     for rank in range(args.tp_size):
         log(
             f"Capture target prefill CUDA graph begin. backend=breakable, num_tokens={prefill}, avail mem=19.80 GB",
@@ -188,6 +193,9 @@ def startup(args: argparse.Namespace) -> None:
         )
     max_bs = args.cuda_graph_max_bs_decode or 512
     decode = decode_sizes(256 if "short-capture" in MODES else max_bs)
+    if groups > 1:
+        align = args.tp_size // groups
+        decode = sorted({-(-bs // align) * align for bs in decode})
     for rank in range(args.tp_size):
         log(
             "Capture target decode CUDA graph begin. backend=full, num_tokens_per_req=1, avail mem=18.88 GB",
@@ -203,7 +211,7 @@ def startup(args: argparse.Namespace) -> None:
         )
     log(
         # srt/managers/scheduler.py:1269, 0.5.23's order and fields (max_prefill_tokens: --max-prefill-tokens' default)
-        f"max_total_num_tokens={CAPACITY_TOKENS}, chunked_prefill_size=8192, max_prefill_tokens=16384, "
+        f"max_total_num_tokens={CAPACITY_TOKENS}, chunked_prefill_size={chunk}, max_prefill_tokens=16384, "
         f"max_running_requests={CAPACITY_REQUESTS}, context_len=202752, available_gpu_mem=15.61 GB",
         0,
     )
@@ -477,14 +485,15 @@ class Handler(BaseHTTPRequestHandler):
             )
         elif path in ("/server_info", "/get_server_info"):
             # 0.5.23 (srt/entrypoints/http_server.py server_info, srt/utils/common.py build_server_info): the
-            # resolved server args (api_key among them, in clear), the launch command, then the version.
+            # resolved server args, the launch command, then the version; the keys masked as the image's patched
+            # SGLang masks them (patches/0002-...: "<redacted>" when set, null when unset).
             self.send_json(
                 200,
                 {
                     "model_path": self.args.model_path,
                     "tp_size": self.args.tp_size,
                     "served_model_name": self.model_name(),
-                    "api_key": self.args.api_key,
+                    "api_key": "<redacted>" if self.args.api_key else None,
                     "launch_command": " ".join(sys.argv),
                     "version": "sglang-server-double",
                 },
@@ -831,6 +840,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--tp-size", type=int, default=1)
     parser.add_argument("--cuda-graph-max-bs-decode", type=int)
     parser.add_argument("--chunked-prefill-size", type=int)
+    parser.add_argument("--attn-dp-size", type=int)
     parser.add_argument("--api-key")
     return parser.parse_known_args(argv)[0]
 

@@ -12,15 +12,17 @@ from typing import Any
 STUBS = Path(__file__).resolve().parents[1] / "stubs"
 
 
-def ask(script: Path, request: dict[str, Any], python: str | None = None) -> dict[str, Any]:
+def ask(
+    script: Path, request: dict[str, Any], python: str | None = None, env: dict[str, str] | None = None
+) -> dict[str, Any]:
     """The script's answer to `request` (JSON on its stdin): run by the test venv's python with the triton stub on
-    PYTHONPATH, or by `python` as it is (another venv, with its own triton)."""
+    PYTHONPATH, or by `python` as it is (another venv, with its own triton); `env` on top."""
     done = subprocess.run(
         [python or sys.executable, str(script)],
         input=json.dumps(request),
         capture_output=True,
         text=True,
-        env=os.environ | {"PYTHONPATH": "" if python else str(STUBS)},
+        env=os.environ | {"PYTHONPATH": "" if python else str(STUBS)} | (env or {}),
         check=False,
         timeout=300,
     )

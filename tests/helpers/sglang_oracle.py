@@ -79,7 +79,11 @@ def real(path: str, name: str, namespace: dict[str, Any], within: str | None = N
     return namespace[name]
 
 
-def capture(argv: list[str], max_bs: int, token_capacity: int, prefill_tokens: int) -> dict[str, Any]:
+def capture(
+    argv: list[str], max_bs: int, token_capacity: int, prefill_tokens: int | list[int]
+) -> dict[str, Any]:
+    """`prefill_tokens`: the largest prefill shape (the list 0.5.23 generates for it), or a list SGLang's resolution
+    settled (sglang_resolution_oracle.py)."""
     args = prepare_server_args(argv)
     dp = int(args.attn_dp_size or 1)
     parallel = SimpleNamespace(
@@ -126,7 +130,11 @@ def capture(argv: list[str], max_bs: int, token_capacity: int, prefill_tokens: i
     )
     prefill = real(
         "model_executor/runner/prefill_cuda_graph_runner.py", "get_prefill_num_tokens_to_capture", ns
-    )(generate_prefill_cuda_graph_batch_sizes(prefill_tokens))
+    )(
+        prefill_tokens
+        if isinstance(prefill_tokens, list)
+        else generate_prefill_cuda_graph_batch_sizes(prefill_tokens)
+    )
     return {"decode": decode, "prefill": prefill, "pool": pool}
 
 
