@@ -37,7 +37,11 @@ SERVER_CONFIG = "server-config.yaml"
 FAILED = "failed.json"
 DOCTOR = "doctor.json"
 VERIFIED = "verified.json"  # the verification of the latest start (verify/gate.py)
-FILES = (STARTS, LAUNCH, CAPTURE, STOPPED, HANGS, SERVER_CONFIG, FAILED, DOCTOR, VERIFIED)
+WATCHED = "watched.json"  # the lifecycle listener's last tick: something watches the server
+FILES = (STARTS, LAUNCH, CAPTURE, STOPPED, HANGS, SERVER_CONFIG, FAILED, DOCTOR, VERIFIED, WATCHED)
+# Liveness fails once the lifecycle listener (TICK_5) has been silent this long while a start runs: nothing then
+# restarts, records or stops the server (supervisord restarts the listener itself without a limit).
+WATCH_SILENT_SECONDS = 60
 BUILD_VERIFICATION = (
     "verification.json"  # on the cache volume, in the folder of one image build (verify/gate.py)
 )
@@ -78,6 +82,7 @@ RECORDS: tuple[Record, ...] = (
     Record(HANGS, ("entrypoint/lifecycle.py",), "entrypoint/lifecycle, when a start hangs or ends before it was verified", "entrypoint/lifecycle, people", "`starts`, a list: it spans starts by design", "removed once a start is ready (verified)", "the starts in a row that ended before they were verified, hung or crashed; past GLM5_START_RETRIES the kit gives up with the last one's kind"),
     Record(DOCTOR, ("entrypoint/launch.py",), "launch --prepare", "launch --serve (into launch.json)", "none: the box, checked once per container before its first start", "the container", "the doctor's warnings about this box"),
     Record(VERIFIED, ("verify/gate.py",), "verify/gate, after a start's warm-up; nothing for a start that ended meanwhile", "every prober, the gate, people", "`start`, `build_id`", "until the next start's", "the start's verification: `passed`, `verdict`, `accuracy`, `reasons`, `regressed`, `results` (verify/run.py's summary)"),
+    Record(WATCHED, ("entrypoint/lifecycle.py",), "entrypoint/lifecycle, at each tick (TICK_5)", "the healthcheck's liveness (--live)", "none: the container's listener", "the container", "`at`: the lifecycle listener's last tick; silent past WATCH_SILENT_SECONDS while a start runs, liveness fails"),
     Record(SERVER_CONFIG, ("entrypoint/launch.py",), "launch --serve", "the server (`--config`)", "none: it lives only while its start's server runs", "removed when the server exits", "options that must be on no command line (the API key); mode 0600, on a tmpfs in compose and the pod"),
     Record(PCIE_IPC_CHECK, ("entrypoint/doctor.py",), "entrypoint/doctor --ipc (the pcie_ipc_allreduce check)", "the start's all-reduce choice, through configuration/allreduce_choice.py decide", "none: `fingerprint` (the GPUs, the driver, the image build) says which box it is about", "the cache volume, until the next check; stale once the fingerprint differs", "whether FlashInfer's PCIe-IPC all-reduce finished and matched NCCL on these GPUs: `ok`, `at`, `detail`, `sizes`"),
     Record(BUILD_VERIFICATION, ("verify/gate.py",), "verify/gate, with verified.json", "verify/gate, at a later build's start", "`start`, `build_id`", "the cache volume, one per image build", "the build's newest verification, to name what a later build answers wrongly (`regressed`)"),
@@ -92,6 +97,7 @@ WRITERS: dict[str, tuple[str, ...]] = {
     HANGS: ("count_unverified_end", "clear_hangs"),
     DOCTOR: ("write_doctor",),
     VERIFIED: ("write_verified",),
+    WATCHED: ("write_watched",),
     SERVER_CONFIG: ("write_server_config", "remove_server_config"),
     PCIE_IPC_CHECK: ("write_pcie_ipc_check",),
     BUILD_VERIFICATION: ("BUILD_VERIFICATION",),  # written with write_whole, a helper of many: by its name
@@ -211,6 +217,29 @@ def write_whole(file: Path, text: str) -> None:
     staged = file.with_name(f".{file.name}.{os.getpid()}")
     staged.write_text(text)
     staged.replace(file)
+
+
+def write_watched(state_dir: str | Path, at: datetime.datetime) -> None:
+    write_whole(path(state_dir, WATCHED), json.dumps({"at": at.isoformat(timespec="seconds")}))
+
+
+def unwatched(state_dir: str | Path, now: datetime.datetime) -> str | None:
+    """Why nothing watches the server, or None: a start has run for WATCH_SILENT_SECONDS and the lifecycle listener
+    has not ticked for as long (dead, or FATAL in supervisord)."""
+    launch, watched = read_launch(state_dir), read_json(path(state_dir, WATCHED))
+    last = (watched or {}).get("at") or (launch or {}).get("started_at")
+    if launch is None or not isinstance(last, str):
+        return None  # no start yet: preflight and launch run before any listener matters
+    try:
+        silent = (now - datetime.datetime.fromisoformat(last)).total_seconds()
+    except (ValueError, TypeError):
+        return None
+    if silent <= WATCH_SILENT_SECONDS:
+        return None
+    return (
+        f"the lifecycle listener has not ticked for {silent:.0f} s (more than {WATCH_SILENT_SECONDS}): nothing "
+        "restarts, records or stops the server; supervisord's log says why it ended"
+    )
 
 
 def write_stopped(state_dir: str | Path, start: int, signal_name: str) -> None:

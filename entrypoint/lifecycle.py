@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import os
 import sys
 import xmlrpc.client
@@ -220,7 +221,12 @@ def keep(state_dir: str, data: bytes) -> None:
 
 
 def tick(values: Mapping[str, Any], rpc: Supervisor) -> None:
-    """TICK_5: keep the start's facts, then act on its verdict (watch), the log's tail read once for both."""
+    """TICK_5: say it watches (watched.json: liveness reads it), keep the start's facts, then act on its verdict
+    (watch), the log's tail read once for both."""
+    try:
+        state.write_watched(values["state_dir"], datetime.datetime.now(datetime.UTC))
+    except OSError as err:
+        LOG.warning(f"could not write {state.WATCHED}: {err}")
     data = tail(values["log_dir"])
     keep(values["state_dir"], data)
 

@@ -348,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
         Log("healthcheck").problems(err.problems, "invalid setting(s)")
         return INVALID_SETTING
     args = parse_args(argv, run)
-    found = verdict(with_flags(run, args))
+    run = with_flags(run, args)
+    found = verdict(run)
     if args.json:
         print(json.dumps(found.as_json()))
     if args.status or not args.json:
@@ -362,8 +363,12 @@ def main(argv: list[str] | None = None) -> int:
         # Alive: not failed (a hang while starting is failed), and once ready /health answers; Kubernetes
         # counts liveness_failures of these in a row before it restarts the container.
         # Only what a restart can clear fails it: a hung start, or a ready server whose /health fails (a stuck
-        # scheduler). Any other failure (a recorded one, a short capture) would only reload the weights for nothing.
-        return 1 if found.hung or found.http not in (None, 200) else 0
+        # scheduler), or a server nothing watches (the lifecycle listener silent: no restart, record or stop would
+        # follow anything). Any other failure (a recorded one, a short capture) would only reload the weights.
+        silent = None if run.offline else state.unwatched(run.state_dir, datetime.datetime.now(datetime.UTC))
+        if silent:
+            Log("healthcheck").error(f"not live: {silent}")
+        return 1 if found.hung or found.http not in (None, 200) or silent else 0
     # Ready to serve: the log says ready and /health answers 200 (a 503 after the ready line: draining, or
     # latched unhealthy by a /health that timed out; the phase stays ready, this probe fails).
     return 0 if found.serving else 1

@@ -3,8 +3,12 @@
 
 from __future__ import annotations
 
+import datetime
 import os
+import re
 import signal
+import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -13,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from configuration import state
 from conftest import ROOT, healthcheck_json
 from helpers.container import Container, start
 
@@ -93,3 +98,51 @@ def test_a_start_with_no_log_progress_is_a_hang(tmp_path: Path, containers: list
     assert probe(c, "--live", "--stall-seconds", "2")[0] == 1
     assert probe(c, "--started", "--stall-seconds", "2")[0] == 0  # over: liveness restarts it from here
     assert probe(c, "--live")[0] == 0  # the default stall bound (30 min) is far away
+
+
+def test_the_lifecycle_listener_is_restarted_however_often_it_ends_and_watched(
+    tmp_path: Path, containers: list[Container]
+) -> None:
+    """Issue 52: with supervisord's defaults, four quick deaths of the lifecycle listener (the only restarter and
+    recorder) made it FATAL for the container's life, while liveness passed. Now supervisord restarts it each time,
+    and liveness fails once it has been silent past state.WATCH_SILENT_SECONDS while a start runs."""
+    c = start(tmp_path, GLM5_VERIFY="off")
+    containers.append(c)
+    c.wait_healthy()
+    state_dir = Path(c.target.env["GLM5_STATE_DIR"])
+    ctl = [str(ROOT / ".venv" / "bin" / "supervisorctl"), "-s", f"unix://{state_dir / state.SOCKET}"]
+    killed: set[int] = set()
+    deadline = time.monotonic() + 30
+    while len(killed) < 6:  # more than startretries' default 3, each as soon as it is spawned (within 1 s)
+        shown = subprocess.run([*ctl, "status", "lifecycle"], capture_output=True, text=True).stdout
+        assert "FATAL" not in shown and "BACKOFF" not in shown, shown
+        assert time.monotonic() < deadline, f"restarted {len(killed)} times: {shown}"
+        found = re.search(r"pid (\d+),", shown)
+        if found and int(found.group(1)) not in killed:
+            killed.add(int(found.group(1)))
+            os.kill(int(found.group(1)), signal.SIGKILL)
+        time.sleep(0.05)
+    wait_for_running = time.monotonic() + 10
+    while (
+        "RUNNING" not in subprocess.run([*ctl, "status", "lifecycle"], capture_output=True, text=True).stdout
+    ):
+        assert time.monotonic() < wait_for_running
+        time.sleep(0.2)
+    assert probe(c, "--live")[0] == 0
+    # a listener silent for longer than the bound (its last tick moved back): liveness fails, naming it
+    now = datetime.datetime.now(datetime.UTC)
+    subprocess.run([*ctl, "stop", "lifecycle"], capture_output=True, text=True, check=True)
+    state.write_watched(state_dir, now - datetime.timedelta(seconds=state.WATCH_SILENT_SECONDS + 5))
+    done = subprocess.run([str(HEALTHCHECK), "--live"], env=c.target.env, capture_output=True, text=True)
+    assert done.returncode == 1 and "the lifecycle listener has not ticked for" in done.stderr, done.stderr
+
+
+def test_a_start_without_a_tick_yet_is_live_until_the_bound() -> None:
+    """Before the listener's first tick the start's own time stands in, so a fresh start is not failed."""
+    now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+    with tempfile.TemporaryDirectory() as folder:
+        state.write_launch(folder, {"start": 1, "started_at": now.isoformat(timespec="seconds")})
+        assert state.unwatched(folder, now + datetime.timedelta(seconds=30)) is None
+        assert "has not ticked for 61 s" in str(state.unwatched(folder, now + datetime.timedelta(seconds=61)))
+        state.write_watched(folder, now + datetime.timedelta(seconds=55))
+        assert state.unwatched(folder, now + datetime.timedelta(seconds=61)) is None
