@@ -23,9 +23,9 @@ CONFIG_FLAG = "--config"  # sglang 0.5.23 reads options from a YAML file (utils/
 
 
 def generated_key() -> str:
-    """A secret for a flag whose setting is unset and that must not stay open (glm5.toml `generated`): 43 characters
+    """A secret for a flag whose setting is unset and that must not stay open (glm5.toml `generated`): 48 hex digits
     of a CSPRNG, held by no one, printed nowhere (the relay masks every secret option)."""
-    return secrets.token_urlsafe(32)
+    return secrets.token_hex(24)
 
 
 @dataclass

@@ -163,6 +163,18 @@ def declarations(config: Mapping[str, Any] | None = None) -> dict[str, Setting]:
     return found
 
 
+def secret_problem(setting: Setting, secret: str) -> Problem | None:
+    """What is wrong with a secret's value, or None. SGLang reads its --config file back into argv (`--api-key VALUE`):
+    a value that starts with '-' is read as a flag, and the server ends at its parser ("argument --admin-api-key:
+    expected one argument", measured on the real 0.5.23)."""
+    fix = f"use at least {setting.min_length} random characters (openssl rand -hex 24)"
+    if len(secret) < setting.min_length:
+        return Problem(setting.name, f"is {len(secret)} characters long", fix)
+    if secret.startswith("-"):
+        return Problem(setting.name, "starts with '-', which SGLang's parser reads as a flag", fix)
+    return None
+
+
 def read_secret(environ: Mapping[str, str], name: str) -> str | None:
     """VAR or VAR_FILE (docker/k8s secrets), never both; an unreadable or empty file is a Problem."""
     direct, file_var = environ.get(name, "").strip(), environ.get(f"{name}_FILE", "").strip()
@@ -196,12 +208,8 @@ def resolve(
         try:
             if setting.kind == "secret":
                 values[setting.key] = secret = read_secret(environ, setting.name)
-                if secret is not None and len(secret) < setting.min_length:
-                    raise Problem(
-                        setting.name,
-                        f"is {len(secret)} characters long",
-                        f"use at least {setting.min_length} random characters (openssl rand -hex 24)",
-                    )
+                if secret is not None and (found := secret_problem(setting, secret)):
+                    raise found
                 continue
             if setting.default is None:
                 raise Problem(

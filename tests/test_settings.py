@@ -155,6 +155,19 @@ def test_the_operators_key_is_its_own_and_never_left_open() -> None:
     ]
 
 
+def test_a_key_sglangs_parser_would_read_as_a_flag_is_refused_and_never_generated() -> None:
+    """SGLang turns its --config file back into argv: a key that starts with '-' ended the real 0.5.23 CPU server at
+    its parser ("argument --admin-api-key: expected one argument"), with a random key of the kit's that did. Given,
+    it is refused before anything starts; generated, it never happens (a base64 key does 1 time in 64)."""
+    assert problems_of({"GLM5_API_KEY": "-client-key-0123456789"}) == [
+        "GLM5_API_KEY: starts with '-', which SGLang's parser reads as a flag; fix: use at least 16 random "
+        "characters (openssl rand -hex 24)"
+    ]
+    operator = settings.declarations()["GLM5_ADMIN_API_KEY"]
+    drawn = [config.generated_key() for _ in range(640)]
+    assert [k for k in drawn if settings.secret_problem(operator, k)] == []
+
+
 def kit_python_files() -> list[Path]:
     return [p for pkg in KIT_PACKAGES for p in (ROOT / pkg).rglob("*.py")]
 
