@@ -58,7 +58,7 @@ RUN python3 -m venv "$VIRTUAL_ENV" \
  && /opt/glm5/image/assert-versions "sglang==${SGLANG_VERSION}" "torch==${TORCH_VERSION}" \
       "flashinfer-python==${FLASHINFER_VERSION}" "supervisor==${SUPERVISOR_VERSION}" "smg==${SMG_VERSION}"
 
-# Patch FlashInfer and prove it took effect in this image: fails the build on drift.
+# Patch FlashInfer and SGLang (patches/series) and prove it took effect in this image: fails the build on drift.
 COPY patches/ /opt/glm5/patches/
 RUN /opt/glm5/patches/apply \
  && /opt/glm5/patches/verify \

@@ -12,7 +12,7 @@ Each step prints its seconds:
   pull      skopeo copy NAME@DIGEST to a dir: copy, local: through a policy.json that requires the signing key;
             its manifest must hash to DIGEST, each layer to its digest, the layers be those the registry lists
   sbom      CycloneDX from the copy (ci/sbom.py), checked to list glm5.toml [image]'s sglang, torch and
-            flashinfer-python, the latter patched as patches/series says
+            flashinfer-python, the latter patched as patches/series says (its flashinfer patches)
   refusals  (local) the same image in the other manifest format, unsigned: refused; with the signature of DIGEST
             laid beside it (a tampered digest): refused
   record    --record FILE (default WORK/published.json): version, NAME@DIGEST, layers, the SBOM's file and hash
@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from ci import sbom
+from patches.apply import read_series
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "entrypoint" / "glm5.toml"
@@ -277,9 +278,8 @@ def pull_back(run: Run, digest: str, layers: list[str]) -> Path:
 
 def make_sbom(run: Run, copy: Path, digest: str, image: dict[str, str]) -> Path:
     bom = sbom.build(copy, run.repository, digest, run.version)
-    series = [
-        line.strip() for line in SERIES.read_text().splitlines() if line.strip() and not line.startswith("#")
-    ]
+    # The image's record is FlashInfer's (the Dockerfile copies flashinfer/GLM5_SERVE_PATCHES.json): its patches alone.
+    series = [p.name for p in read_series(SERIES) if p.package == "flashinfer"]
     found = sbom.problems(bom, image, series)
     if found:
         raise PublishError("; ".join(found))

@@ -254,14 +254,17 @@ def check_flashinfer(verify: Path = VERIFY) -> list[Problem]:
             )
         ]
     return [
-        Problem(
-            "FLASHINFER_CUDA_VERSION" if c["check"].startswith("override") else "FlashInfer",
-            c["detail"],
-            code=FLASHINFER,
-        )
+        Problem(verify_setting(c["check"]), c["detail"], code=FLASHINFER)
         for c in result["checks"]
         if not c["ok"]
     ]
+
+
+def verify_setting(check: str) -> str:
+    """What a failed patches/verify check names: the override's setting, or the patched package's install."""
+    if check.startswith("override"):
+        return "FLASHINFER_CUDA_VERSION"
+    return "SGLang" if check.startswith("sglang") else "FlashInfer"
 
 
 def check_flags(

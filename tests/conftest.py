@@ -1,5 +1,6 @@
-"""Shared fixtures: copies of the real installed flashinfer-python, unpatched and patched; the kit's environment
-aimed at the test run's own folders, and the check that the run left none of the image's folders on the host."""
+"""Shared fixtures: copies of the real installed flashinfer-python, unpatched and patched, and of the sglang files the
+series patches; the kit's environment aimed at the test run's own folders, and the check that the run left none of
+the image's folders on the host."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 
 from configuration import settings
+from patches.apply import read_series
 
 ROOT = Path(__file__).resolve().parents[1]
 # The kit's thin executables run `python3` from PATH: make it this interpreter (the test venv's).
@@ -32,6 +34,7 @@ SET_ASIDE = sorted(name for name in os.environ if name.startswith("GLM5_"))
 for _name in SET_ASIDE:
     del os.environ[_name]
 SCENARIOS = ROOT / "tests" / "helpers" / "dynamo_scenarios.py"
+SERIES_FILE = ROOT / "patches" / "series"
 ABSENT = pytest.StashKey[list[Path]]()  # the image's folders that did not exist when the run began
 RUN_FOLDERS = Path(tempfile.mkdtemp(prefix="glm5-tests-"))  # this test process's state and log folders
 
@@ -92,17 +95,18 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-def installed_flashinfer_site() -> Path:
+def installed_site(package: str) -> Path:
+    """The site-packages folder this interpreter imports PACKAGE from (.venv's: the image's versions)."""
     import importlib.util
 
-    spec = importlib.util.find_spec("flashinfer")
-    assert spec is not None and spec.origin is not None, "flashinfer-python is not installed: run .ci/run"
+    spec = importlib.util.find_spec(package)
+    assert spec is not None and spec.origin is not None, f"{package} is not installed: run .ci/run"
     return Path(spec.origin).resolve().parent.parent
 
 
 def copy_flashinfer(dest: Path) -> Path:
     """Copy flashinfer/ and its dist-info from the real install into dest (a site-packages)."""
-    site = installed_flashinfer_site()
+    site = installed_site("flashinfer")
     dest.mkdir(parents=True)
     shutil.copytree(
         site / "flashinfer",
@@ -110,6 +114,22 @@ def copy_flashinfer(dest: Path) -> Path:
         ignore=shutil.ignore_patterns("__pycache__", "GLM5_SERVE_PATCHES.json"),
     )
     for info in site.glob("flashinfer_python-*.dist-info"):
+        shutil.copytree(info, dest / info.name)
+    return dest
+
+
+def copy_sglang(dest: Path) -> Path:
+    """Copy into dest (a site-packages), from the real install, what patches/apply and patches/verify read of sglang
+    (neither imports it): sglang/__init__.py, each file the series' sglang patches change, and sglang's dist-info."""
+    site = installed_site("sglang")
+    files = [
+        "sglang/__init__.py",
+        *(f for p in read_series(SERIES_FILE) if p.package == "sglang" for f in p.files),
+    ]
+    for rel in files:
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(site / rel, dest / rel)
+    for info in site.glob("sglang-*.dist-info"):
         shutil.copytree(info, dest / info.name)
     return dest
 
@@ -132,10 +152,20 @@ def unpatched_tree(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 @pytest.fixture(scope="session")
 def patched_tree(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     tree = copy_flashinfer(tmp_path_factory.mktemp("flashinfer") / "patched")
-    done = run_apply("--target", str(tree))
+    done = run_apply("--target", str(tree), "--package", "flashinfer")
     assert done.returncode == 0, done.stderr
     yield tree
     shutil.rmtree(tree.parent, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def patched_sglang_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A site-packages with the files the series' sglang patches change (copy_sglang), patched: for PYTHONPATH beside
+    patched_tree, where patches/verify checks every package (a few hundred KB)."""
+    tree = copy_sglang(tmp_path_factory.mktemp("sglang") / "patched")
+    done = run_apply("--target", str(tree), "--package", "sglang")
+    assert done.returncode == 0, done.stderr
+    return tree
 
 
 @pytest.fixture(scope="session")

@@ -303,7 +303,7 @@ FROM_IMAGE = os.environ.get("KERNELS_FROM_IMAGE", "")  # set by ci/build-image: 
 def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     site = copy_flashinfer(tmp_path_factory.mktemp("kernels") / "site")
     # as the image: the kernels step follows the patches
-    assert run_apply("--target", str(site)).returncode == 0
+    assert run_apply("--target", str(site), "--package", "flashinfer").returncode == 0
     scratch = tmp_path_factory.mktemp("scratch")
     home = tmp_path_factory.mktemp("home")
     env = {

@@ -17,7 +17,7 @@ import pytest
 
 from common.report import Log, Problems
 from configuration import config, settings
-from conftest import ROOT, kit_env
+from conftest import ROOT, copy_sglang, kit_env
 from entrypoint import doctor, preflight, weights
 from helpers.sandbox import NEEDS_BWRAP, sandbox
 from helpers.unprivileged import reachable_copy
@@ -199,22 +199,32 @@ def test_shm_size_is_measured(tmp_path: Path) -> None:
 
 @pytest.mark.boots
 def test_flashinfer_check_uses_patches_verify(
-    monkeypatch: pytest.MonkeyPatch, unpatched_tree: Path, patched_tree: Path, fake_nvcc: Path
+    monkeypatch: pytest.MonkeyPatch,
+    unpatched_tree: Path,
+    patched_tree: Path,
+    patched_sglang_tree: Path,
+    fake_nvcc: Path,
+    tmp_path: Path,
 ) -> None:
     """Each check patches/verify fails is a finding, named by what fixes it: the override's setting, or the FlashInfer
-    install. (patches/verify's own outcomes, malformed values included, are tests/test_patches.py's.)"""
+    or SGLang install. (patches/verify's own outcomes, malformed values included, are tests/test_patches.py's.)"""
     monkeypatch.setenv("PATH", f"{fake_nvcc / 'bin'}:{os.environ['PATH']}")
     monkeypatch.setenv("FLASHINFER_CUDA_VERSION", "12.9")
-    monkeypatch.setenv("PYTHONPATH", str(patched_tree))
+    monkeypatch.setenv("PYTHONPATH", f"{patched_tree}{os.pathsep}{patched_sglang_tree}")
     assert preflight.check_flashinfer() == []
     monkeypatch.setenv("FLASHINFER_CUDA_VERSION", "13.0")
     mismatch = preflight.check_flashinfer()
     assert [(f.code, f.setting) for f in mismatch] == [(preflight.FLASHINFER, "FLASHINFER_CUDA_VERSION")]
     assert "says 12.9" in mismatch[0].message
-    monkeypatch.setenv("PYTHONPATH", str(unpatched_tree))
+    monkeypatch.setenv("FLASHINFER_CUDA_VERSION", "12.9")
+    monkeypatch.setenv("PYTHONPATH", f"{unpatched_tree}{os.pathsep}{patched_sglang_tree}")
     unpatched = preflight.check_flashinfer()
     assert [(f.code, f.setting) for f in unpatched] == [(preflight.FLASHINFER, "FlashInfer")]
     assert "run patches/apply" in unpatched[0].message
+    monkeypatch.setenv("PYTHONPATH", f"{patched_tree}{os.pathsep}{copy_sglang(tmp_path / 'sglang')}")
+    sglang = preflight.check_flashinfer()
+    assert [(f.code, f.setting) for f in sglang] == [(preflight.FLASHINFER, "SGLang")] * 3
+    assert all("run patches/apply" in f.message for f in sglang)
 
 
 # torch 2.14.1 with transformers and triton, as the image

@@ -39,6 +39,7 @@ from helpers.real_server import RealContainer
 from test_monitoring import base_name, used_series
 
 KEY = "real-server-key-0123456789abcdef"
+ADMIN_KEY = "real-server-operator-key-fedcba9876"  # GLM5_ADMIN_API_KEY: SGLang's admin endpoints
 # Series the kit's alerts, dashboard or KEDA query use that the real server exports only after an event: its
 # multiprocess collector writes a series once it has a sample (the double shows them at 0 from the start).
 AFTER_AN_EVENT = {"sglang:num_retracted_requests_total": "a retraction (the KV pool full while decoding)"}
@@ -65,8 +66,9 @@ def test_every_flag_the_kit_renders_is_classified_for_the_cpu_server(
     for dropped in ("--tp-size", "--quantization", "--kv-cache-dtype", "--cuda-graph-max-bs-decode"):
         assert dropped not in out
     assert out.count("--attention-backend") == 1
+    assert "--config" in out  # the operator's key at least: random when GLM5_ADMIN_API_KEY is unset
     if env.get("GLM5_API_KEY"):
-        assert "--config" in out and KEY not in out
+        assert KEY not in out
 
 
 def run_program(*args: str, model: str) -> subprocess.CompletedProcess[str]:
@@ -90,9 +92,9 @@ def test_the_cpu_server_program_refuses_a_flag_it_has_not_classified(tmp_path: P
     mtp = config.resolve({"GLM5_SPECULATIVE": "mtp"}).argv[len(config.SERVER_PROGRAM) :]
     done = run_program(*mtp, model=str(tmp_path))
     assert done.returncode == 2 and "--speculative-algorithm: not classified" in done.stderr
-    (tmp_path / "server.yaml").write_text('api-key: "k"\nadmin-api-key: "k2"\n')
+    (tmp_path / "server.yaml").write_text('api-key: "k"\nadmin-api-key: "k2"\nenable-some-new-thing: true\n')
     done = run_program("--config", str(tmp_path / "server.yaml"), model=str(tmp_path))
-    assert done.returncode == 2 and "option 'admin-api-key' is not classified" in done.stderr
+    assert done.returncode == 2 and "option 'enable-some-new-thing' is not classified" in done.stderr
     done = run_program("--port", "30000", model=str(tmp_path / "none"))
     assert done.returncode == 2 and "SGLANG_CPU_MODEL" in done.stderr
 
@@ -108,7 +110,9 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def shared(tmp_path_factory: pytest.TempPathFactory, tiny_llama: Path) -> Iterator[RealContainer]:
     """One real server for every read-only check, with an API key; booted at once, waited for when first used."""
-    c = real_server.start(tmp_path_factory.mktemp("shared"), tiny_llama, GLM5_API_KEY=KEY)
+    c = real_server.start(
+        tmp_path_factory.mktemp("shared"), tiny_llama, GLM5_API_KEY=KEY, GLM5_ADMIN_API_KEY=ADMIN_KEY
+    )
     yield c
     c.target.stop()
 
@@ -216,14 +220,21 @@ def whole_stream(url: str, body: dict[str, Any]) -> tuple[int, int | None]:
 
 def chat_requests(c: RealContainer) -> float:
     """The chat requests a real server has taken: SGLang's own `sglang:http_requests_total` for the route."""
+    return route_requests(c, "/v1/chat/completions")
+
+
+def generate_requests(c: RealContainer) -> float:
+    return route_requests(c, "/generate")
+
+
+def route_requests(c: RealContainer, route: str) -> float:
     status, text = call(c, "/metrics")
     assert status == 200, text
     return sum(
         sample.value
         for family in text_string_to_metric_families(text)
         for sample in family.samples
-        if sample.name == "sglang:http_requests_total"
-        and sample.labels.get("endpoint") == "/v1/chat/completions"
+        if sample.name == "sglang:http_requests_total" and sample.labels.get("endpoint") == route
     )
 
 
@@ -329,6 +340,113 @@ def test_the_api_key_is_in_no_command_line_or_log_and_the_server_requires_it(rea
     assert any("sglang.launch_server" in c for c in commands), commands
     assert not [c for c in commands if KEY in c]
     assert KEY not in ready.output() and KEY not in ready.entrypoint_output.read_text()
+
+
+@pytest.mark.boots
+@pytest.mark.xdist_group("real_sglang")
+def test_a_top_logprobs_above_the_vocabulary_is_refused_and_the_server_serves_on(
+    ready: RealContainer, tiny_llama: Path
+) -> None:
+    """SGLang 0.5.23 sends such a request on to the scheduler, whose torch.topk raises, and that ends the whole server
+    (sglang issue 40076; reproduced on this CPU server before the patch). patches/0002 refuses it in the
+    TokenizerManager: a 400 on each route, batch forms too (the list's second item here), naming the field; the bound
+    itself, the whole vocabulary, is served."""
+    vocab = json.loads((tiny_llama / "config.json").read_text())["vocab_size"]
+    k = 1000
+    assert k > vocab
+    logprobs = {"sampling_params": {"max_new_tokens": 2, "ignore_eos": True}, "return_logprob": True}
+    texts = ["Hello world", "The server"]
+    completion = {"model": "glm-5", "max_tokens": 2, "logprobs": k}
+    refused = [
+        ("/generate", {"text": texts[0], "top_logprobs_num": k} | logprobs, "top_logprobs_num"),
+        ("/generate", {"text": texts, "top_logprobs_num": [1, k]} | logprobs, "top_logprobs_num"),
+        ("/v1/completions", completion | {"prompt": texts[0]}, "/v1/completions: logprobs"),
+        ("/v1/completions", completion | {"prompt": texts}, "/v1/completions: logprobs"),
+        (
+            "/v1/chat/completions",
+            chat(2) | {"logprobs": True, "top_logprobs": k},
+            "/v1/chat/completions: top_logprobs",
+        ),
+    ]
+    for path, body, field in refused:
+        status, answer = call(ready, path, body, key=KEY)
+        message = json.dumps(answer)
+        assert status == 400, (path, body, status, answer)
+        assert field in message and f"from 0 to {vocab}" in message and f"got {k}" in message, (path, message)
+    status, answer = call(
+        ready, "/generate", {"text": texts[0], "top_logprobs_num": vocab} | logprobs, key=KEY
+    )
+    assert status == 200, answer
+    assert [len(top) for top in answer["meta_info"]["output_top_logprobs"]] == [vocab, vocab]
+    status, answer = call(ready, "/v1/chat/completions", chat(2), key=KEY)
+    assert status == 200 and answer["usage"]["completion_tokens"] == 2
+
+
+@pytest.mark.boots
+@pytest.mark.xdist_group("real_sglang")
+def test_the_clients_key_opens_no_admin_endpoint_and_the_operators_does(ready: RealContainer) -> None:
+    """SGLang 0.5.23 guards its admin endpoints with --admin-api-key, and with the ordinary key when that is unset
+    (srt/utils/auth.py): the kit always sets it (GLM5_ADMIN_API_KEY, or a random one), inside --config. The client's
+    key may not turn on the logging of every prompt nor flush the cache; the operator's may, and serves no client."""
+    logging = {"log_requests": True, "log_requests_level": 3}
+    for path, body in (("/configure_logging", logging), ("/flush_cache", {})):
+        status, answer = call(ready, path, body, key=KEY)
+        assert status == 401, (path, status, answer)
+    assert call(ready, "/flush_cache", {}, key=ADMIN_KEY)[0] == 200
+    assert call(ready, "/v1/models", key=KEY)[0] == 200
+    assert ADMIN_KEY not in ready.output() and not [c for c in ready.commands() if ADMIN_KEY in c]
+
+
+@pytest.mark.boots
+@pytest.mark.xdist_group("real_sglang")
+def test_the_crash_request_through_the_gateway_is_refused_once_and_the_replica_serves_on(
+    ready: RealContainer, tmp_path: Path
+) -> None:
+    """Through the kit's gateway (the real smg, gateway/launch): smg passes /generate through unchecked, and
+    retried a request whose replica died onto the next one; the patched replica answers 400, smg hands it on as it
+    is, and the replica serves the next request."""
+    gw = Gateway(tmp_path, {"real-a": ready}, GLM5_API_KEY=KEY)
+    try:
+        gw.wait_healthy(1)
+        before = generate_requests(ready)
+        body = {"text": "Hello", "top_logprobs_num": 100000, "return_logprob": True,
+                "sampling_params": {"max_new_tokens": 2}}  # fmt: skip
+        status, answer = gw_call(gw.url, "/generate", body)
+        assert status == 400 and "top_logprobs_num" in json.dumps(answer), (status, answer)
+        assert generate_requests(ready) - before == 1, "the gateway sent the refused request more than once"
+        status, answer = gw_call(gw.url, "/v1/chat/completions", chat(2))
+        assert status == 200 and answer["usage"]["completion_tokens"] == 2, answer
+    finally:
+        gw.stop()
+
+
+def gw_call(url: str, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"}
+    request = urllib.request.Request(f"{url}{path}", data=json.dumps(body).encode(), headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        text = err.read().decode()
+        try:
+            return err.code, json.loads(text)
+        except json.JSONDecodeError:
+            return err.code, text
+
+
+@pytest.mark.boots
+@pytest.mark.xdist_group("real_sglang")
+def test_server_info_masks_the_keys(ready: RealContainer) -> None:
+    """SGLang 0.5.23 returns every server argument from /server_info (and /get_server_info), once at the top and again
+    in each scheduler's internal state, the keys among them, to any holder of the client key; patches/0002 masks
+    them ("<redacted>" when set, null when unset)."""
+    for path in ("/server_info", "/get_server_info"):
+        status, info = call(ready, path, key=KEY)
+        assert status == 200, info
+        assert KEY not in json.dumps(info), f"{path} shows the API key"
+        for where in (info, *info["internal_states"]):
+            assert where["api_key"] == "<redacted>", (path, where["api_key"])
+            assert where["admin_api_key"] in (None, "<redacted>"), path
 
 
 def sample_names(text: str) -> dict[str, list[dict[str, str]]]:

@@ -141,7 +141,9 @@ def as_non_root() -> list[str]:
 @pytest.mark.parametrize("require", [None, "0", "1"])
 def test_not_root_is_a_usage_error(require: str | None) -> None:
     env = {"GITHUB_ACTIONS": "true"} | ({"GLM5_REQUIRE_IMAGE": require} if require else {})
-    kit = reachable_copy("ci/build-image", "ci/on-error.sh")  # the non-root user may not reach the checkout itself
+    kit = reachable_copy(
+        "ci/build-image", "ci/on-error.sh"
+    )  # the non-root user may not reach the checkout itself
     try:
         done = build_image(*as_non_root(), script=kit / "ci" / "build-image", **env)
     finally:

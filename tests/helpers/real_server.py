@@ -1,5 +1,6 @@
 """The container as entrypoint.sh runs it (the real supervisord, the kit's launch), with the REAL SGLang 0.5.23
-server on the CPU as its server program (tests/helpers/sglang_cpu_server.py) serving a tiny random Llama.
+server on the CPU as its server program (tests/helpers/sglang_cpu_server.py) serving a tiny random Llama; its sglang
+patched as the image's (patches/series, applied by ci/setup-test-env), checked before the first start.
 
 Every start runs with GLM5_ACCEPT_PARTIAL_CAPTURE=1 (a CPU start captures no CUDA graph) and GLM5_VERIFY=off (a
 random model answers nothing rightly): the capturing and verifying phases stay with the recorded logs and the
@@ -9,6 +10,9 @@ double. A start takes 20-70 s (about 90% imports), 1.8 GiB over its four process
 from __future__ import annotations
 
 import datetime
+import functools
+import json
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -48,9 +52,25 @@ def make_model(folder: Path) -> Path:
     return folder
 
 
+@functools.cache
+def patched() -> None:
+    """The venv's sglang carries the series' sglang patches, as the image's does (ci/setup-test-env applies them):
+    patches/verify's SGLang checks, with the venv's python (about 0.3 s, once per worker)."""
+    done = subprocess.run(
+        [str(PYTHON), "-m", "patches.verify", "--package", "sglang", "--skip-compile", "--json"],
+        capture_output=True, text=True, env=os.environ | {"PYTHONPATH": str(ROOT)}, check=False, timeout=120,
+    )  # fmt: skip
+    failed = [c["detail"] for c in json.loads(done.stdout or '{"checks": []}')["checks"] if not c["ok"]]
+    assert done.returncode == 0 and not failed, (
+        f"{PYTHON}'s sglang is not patched as the image's ({'; '.join(failed) or done.stderr[-400:]}): "
+        "run ci/setup-test-env sglang-cpu"
+    )
+
+
 def start(tmp: Path, model: Path, stop_timeout: float = 60, **env: str) -> RealContainer:
     """The container on a free port, booted now; `stop_timeout` bounds Local.stop (then the group is killed)."""
     assert PYTHON.exists(), MISSING
+    patched()
     port = container.free_port()
     real = {
         "GLM5_SERVER_PROGRAM": f"{sys.executable} {PROGRAM}",

@@ -64,6 +64,7 @@ FLAGS = {
     "--max-running-requests": Flag("keep", True),
     "--config": Flag("keep", True),  # the kit's private file: its keys are classified too (config_keys)
     "--api-key": Flag("keep", True),  # only ever inside --config
+    "--admin-api-key": Flag("keep", True),  # only ever inside --config (GLM5_ADMIN_API_KEY, or a random one)
 }
 ADDED = [
     ("--device", "cpu"),
