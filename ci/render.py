@@ -130,6 +130,7 @@ def values(cfg: Mapping[str, Any]) -> dict[str, Any]:
     v["liveness_command_json"] = json.dumps([probe, "--live", "--status"])
     v["compose_readiness_json"] = json.dumps(["CMD", probe, "--status"])
     v["api_key_dir"] = "/run/secrets/glm5"
+    v["admin_api_key_dir"] = "/run/secrets/glm5-admin"  # GLM5_ADMIN_API_KEY_FILE's folder: its own Secret
     v["home_dir"] = "/home/glm5"  # the image user's HOME (the Dockerfile's useradd)
     for key, value in cfg["monitoring"].items():
         v[f"monitoring_{key}"] = value

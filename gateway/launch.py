@@ -12,8 +12,9 @@ readiness rule, ports), then admission: smg's priority scheduler admits the sum 
 registered by the rotation with its own share (gateway/rotation.py: what its KV pool, from its /ready, holds of
 [gateway].context_tokens, at most its largest captured decode batch, configuration/admission.py; on Kubernetes
 divided among the [gateway].gateways), so a replica that drains, fails or is still starting takes its share with it
-and nothing needs a relaunch; smg's queue and the bound used while no replica is registered are sized for the
-replicas listed (FILE's workers, or --replicas, else [gateway].replicas), and the scheduler's classes, all alike,
+and nothing needs a relaunch; while none is registered (the gateway's first second, or no replica serving) a request
+waits in smg's queue for one, and gets 503 with Retry-After at the queue timeout, never a 404; the queue is sized
+for the replicas listed (FILE's workers, or --replicas, else [gateway].replicas), and the scheduler's classes, all alike,
 are written beside the rotation's record with the queue size and timeout smg's flags give;
 then any SMG-FLAGS; smg's own parser (smg.launch_router.
 parse_router_args) checks them all. The keys are added to the parsed arguments inside this process and smg is run
@@ -24,6 +25,7 @@ from Python (smg.launch_router.launch_router), so neither is in any argv (ps, /p
   --control-plane-api-keys: its worker API and admin routes (/workers, /flush_cache, profiles, tokenizers) take it
   and refuse the clients' key; the rotation registers the replicas with it.
 A request runs once ([gateway].flags: no retry, no circuit breaker) and its body is bounded (`max_payload_bytes`).
+The gateway's probes are the kit's (gateway/probes.py: smg's own and the rotation's last pass), on the rotation's port.
 Exit codes (common/report.py): 2 bad usage or flags smg refuses, 3 an invalid setting; smg's own otherwise.
 """
 
@@ -40,13 +42,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
 from common.report import INVALID_SETTING, USAGE, Log, Problem, Problems
 from configuration import admission as kv
 from configuration import layout, settings
 from configuration.batch_sizes import decode_capture_sizes
 from configuration.config import generated_key
+from gateway import probes
 from gateway.rotation import Registry, Rotation, Slots, pods, read_workers
 
 LOG = Log("gateway")
@@ -74,8 +77,8 @@ def admission(
     values: Mapping[str, Any], replicas: int, config: str, gateways: int = 1, groups: int = 1
 ) -> list[str]:
     """smg's admission: its priority scheduler, which admits the sum of the slots the rotation registers each ready
-    replica with (`slots`), so a missing replica's share is never offered to the others; the queue and the bound
-    used while no replica is registered are sized for `replicas` (glm5.toml [gateway] says why these sizes), and the
+    replica with (`slots`), so a missing replica's share is never offered to the others, and nothing is admitted
+    while none is registered; the queue is sized for `replicas` (glm5.toml [gateway] says why these sizes), and the
     routing keeps each replica near its capacity. `config`: where the scheduler's classes are written
     (`scheduler_classes`). `groups`: the replicas' attention-DP groups (GLM5_PROFILE)."""
     gw = settings.load_config()["gateway"]
@@ -90,9 +93,14 @@ def admission(
     # is under the thresholds, and 1.13.0 counts a worker draining out of the rotation (5 s) as that other one: the
     # last live replica is left out and requests fail with no_available_workers (measured: 4,048 of 8,648 during a
     # rolling replacement at 40 clients; none with it off). The admission bound above guards the replicas instead.
+    # smg's own in-flight bound (--max-concurrent-requests) is off (0): it is the capacity smg falls back to while no
+    # worker is registered, so a request was admitted and answered `404 model_not_found` ("No worker available")
+    # from the port's first second to the rotation's first registration, a final answer to an OpenAI client. Off, the
+    # priority scheduler's capacity is the registered shares alone: with none, a request waits in the queue for the
+    # first one (tests/test_gateway_faults.py), and the bound is what the replicas registered (tests/test_rollout.py).
     return ["--priority-scheduler-enabled", "--priority-scheduler-config", config,
             "--priority-scheduler-default-max-class", "default",
-            "--max-concurrent-requests", str(bound), "--queue-size", str(bound),
+            "--max-concurrent-requests", "0", "--queue-size", str(bound),
             "--queue-timeout-secs", str(gw["queue_timeout_seconds"]),
             "--balance-abs-threshold", str(spill), "--balance-rel-threshold", "1.1",
             "--disable-worker-overload-protection", "--request-timeout-secs", str(gw["request_timeout_seconds"]),
@@ -166,7 +174,7 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
         "--rotation-metrics-port",
         type=int,
         default=settings.load_config()["gateway"]["rotation_metrics_port"],
-        help="where the rotation's own /metrics listens",
+        help="where the rotation's own /metrics and the gateway's /live and /ready listen (gateway/probes.py)",
     )
     parser.add_argument(
         "--dry-run", action="store_true", help="print smg's arguments (key redacted) and stop"
@@ -235,8 +243,11 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
         return USAGE
     metrics = CollectorRegistry()
     metrics.register(turn)
+    probe_port = router_args.health_check_port or router_args.port
     try:
-        start_http_server(args.rotation_metrics_port, "0.0.0.0", metrics)
+        probes.serve(
+            "0.0.0.0", args.rotation_metrics_port, probes.app(metrics, turn, f"http://127.0.0.1:{probe_port}")
+        )
     except OSError as err:
         LOG.error(
             f"--rotation-metrics-port {args.rotation_metrics_port}: {err}; "

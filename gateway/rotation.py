@@ -36,11 +36,13 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as Late
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -53,11 +55,20 @@ from configuration import state
 LOG = Log("gateway")
 POLL_SECONDS = 0.5
 READY_TIMEOUT = 2.0
+LOOKUP_TIMEOUT = (
+    5.0  # a listing's DNS lookup; past it the pass keeps the last list (getaddrinfo has no bound of its own)
+)
+# A replica that says it is not ready (its exporter names a phase: draining, failed, starting) leaves at once; one
+# whose exporter does not answer, or answers without a phase, leaves after this many passes in a row: a blip of a
+# second keeps it (smg drains a removed worker for 5 s and refuses its re-add meanwhile).
+MISSED_PASSES = 3
 NO_ANSWER = "no answer"
 NAMES = (
     "glm5_rotation_in_rotation",
     "glm5_rotation_answering",
     "glm5_rotation_phase",
+    "glm5_rotation_last_pass_timestamp_seconds",
+    "glm5_rotation_last_sync_timestamp_seconds",
 )  # what collect() exports
 
 SLOTS_LABEL = "max_running_requests"  # the worker label smg 1.13.0 sums into its admission (WorkerCapacity)
@@ -77,6 +88,7 @@ class Answer(NamedTuple):
     groups: int = (
         1  # the attention-DP groups that each hold such a pool (GLM5_PROFILE=throughput: --attn-dp-size)
     )
+    word: bool = True  # the exporter named its phase itself (False: no answer, or an answer without a phase)
 
 
 Ask = Callable[[str], Answer]  # ready URL -> what it said
@@ -110,8 +122,25 @@ def addresses(host: str, port: int) -> list[str]:
     return sorted({str(info[4][0]) for info in found})
 
 
+def bounded(resolve: Resolve, timeout: float | None = None) -> Resolve:
+    """`resolve` that raises OSError past `timeout` (default LOOKUP_TIMEOUT; its lookup goes on in a thread of its own, which one stuck
+    lookup holds: later ones then time out too, until it returns)."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lookup")
+
+    def within(host: str, port: int) -> list[str]:
+        bound = LOOKUP_TIMEOUT if timeout is None else timeout
+        try:
+            return pool.submit(resolve, host, port).result(timeout=bound)
+        except Late:
+            raise OSError(f"no answer from DNS within {bound:g} s") from None
+
+    return within
+
+
 def pods(host: str, port: int, resolve: Resolve = addresses) -> Listing:
-    """The replicas behind a headless Service's name, one worker per pod address, `port` the server's."""
+    """The replicas behind a headless Service's name, one worker per pod address, `port` the server's; the lookup
+    bounded in time (`bounded`)."""
+    resolve = bounded(resolve)
 
     def listing() -> list[Worker] | None:
         try:
@@ -143,11 +172,13 @@ def answer_of(ready: bool, body: bytes, otherwise: str) -> Answer:
     capacity = doc.get("capacity")
     capacity = capacity if isinstance(capacity, dict) else {}
     pool, groups = capacity.get("max_total_num_tokens"), capacity.get("attn_dp_size", 1)
+    named = isinstance(phase, str) and bool(phase)
     return Answer(
         ready,
         phase if isinstance(phase, str) and phase else otherwise,
         float(pool) if isinstance(pool, int | float) and pool > 0 else None,
         int(groups) if isinstance(groups, int | float) and groups >= 1 else 1,
+        named,
     )
 
 
@@ -159,7 +190,7 @@ def ask_ready(url: str) -> Answer:
     except urllib.error.HTTPError as err:
         return answer_of(False, err.read(), str(err.code))
     except (OSError, ValueError) as err:
-        return Answer(False, f"{NO_ANSWER} ({getattr(err, 'reason', err)})")
+        return Answer(False, f"{NO_ANSWER} ({getattr(err, 'reason', err)})", word=False)
 
 
 def manifest(workers: list[Worker], slots: dict[str, int]) -> str:
@@ -234,8 +265,11 @@ class Rotation(Collector):
         self.target, self.exporter_port, self.ask = target, exporter_port, ask
         self.slots, self.smg = slots, smg
         self.workers: list[Worker] = []
-        self.state: dict[str, Answer] = {}  # url -> what its replica said (ready: in the rotation)
+        self.state: dict[str, Answer] = {}  # url -> the answer it stands by (ready: in the rotation)
+        self.missed: dict[str, int] = {}  # url -> passes in a row without its own word while in the rotation
         self.smg_said = ""  # why smg's workers could not be updated, said once until it changes
+        self.passed_at = 0.0  # time.time() of the last pass that finished (0: none yet)
+        self.synced_at = 0.0  # ... and of the last that gave smg its workers (0: none yet)
 
     def step(self) -> bool:
         """One pass: ask every replica, give smg the ready ones, write the record when it changes; True when it
@@ -245,7 +279,7 @@ class Rotation(Collector):
             self.workers = listed
         with ThreadPoolExecutor(max_workers=max(1, min(16, len(self.workers)))) as pool:
             answers = list(pool.map(lambda w: self.ask(ready_url(w, self.exporter_port)), self.workers))
-        now = {w["url"]: answer for w, answer in zip(self.workers, answers, strict=True)}
+        now = {w["url"]: self.stand(w, answer) for w, answer in zip(self.workers, answers, strict=True)}
         for worker in self.workers:
             ready, said = now[worker["url"]].ready, now[worker["url"]].said
             was = self.state.get(worker["url"])
@@ -261,6 +295,7 @@ class Rotation(Collector):
             try:
                 self.smg.sync(slots)
                 self.smg_said = ""
+                self.synced_at = time.time()
             except (
                 OSError,
                 ValueError,
@@ -269,6 +304,7 @@ class Rotation(Collector):
                 if said != self.smg_said:
                     LOG.info(said)
                 self.smg_said = said
+        self.passed_at = time.time()
         text = manifest(serving, slots)
         try:
             if self.target.read_text() == text:
@@ -278,6 +314,20 @@ class Rotation(Collector):
         self.target.parent.mkdir(parents=True, exist_ok=True)
         state.write_whole(self.target, text)
         return True
+
+    def stand(self, worker: Worker, answer: Answer) -> Answer:
+        """The answer this pass acts on: the replica's own word at once (ready, or a phase it names); a replica in
+        the rotation that gave no word keeps its last answer for MISSED_PASSES - 1 passes in a row, then leaves."""
+        url, was = worker["url"], self.state.get(worker["url"])
+        if answer.ready or answer.word or was is None or not was.ready:
+            self.missed.pop(url, None)
+            return answer
+        self.missed[url] = missed = self.missed.get(url, 0) + 1
+        if missed >= MISSED_PASSES:
+            self.missed.pop(url, None)
+            return answer
+        LOG.info(f"{worker.get('id', url)}: {answer.said}, pass {missed} of {MISSED_PASSES}: kept")
+        return was
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         """Per worker (labels worker, the url as smg's own series name it, and id): in the rotation, its exporter
@@ -292,6 +342,16 @@ class Rotation(Collector):
         phase = GaugeMetricFamily(
             "glm5_rotation_phase", "1 for the phase the worker's exporter says", labels=[*labels, "phase"]
         )
+        passes = GaugeMetricFamily(
+            "glm5_rotation_last_pass_timestamp_seconds",
+            "When the rotation last finished a pass (Unix time; 0: none yet): stale, nothing follows the replicas",
+        )
+        passes.add_metric([], self.passed_at)
+        synced = GaugeMetricFamily(
+            "glm5_rotation_last_sync_timestamp_seconds",
+            "When the rotation last gave smg its workers (Unix time; 0: none yet)",
+        )
+        synced.add_metric([], self.synced_at)
         workers, state = self.workers, self.state  # one pass's view: step() replaces both, never mutates them
         for worker in workers:
             url = worker["url"]
@@ -304,7 +364,7 @@ class Rotation(Collector):
             answering.add_metric(ids, float(heard))
             if heard:
                 phase.add_metric([*ids, said if said.isidentifier() else "unknown"], 1.0)
-        yield from (within, answering, phase)
+        yield from (within, answering, phase, passes, synced)
 
     def run(self, stop: threading.Event, poll: float = POLL_SECONDS) -> None:
         while not stop.wait(poll):

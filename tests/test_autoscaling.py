@@ -160,7 +160,7 @@ def test_each_replica_runs_at_most_its_capacity_and_the_gateway_admits_for_the_m
     assert done.returncode == 0, done.stderr
     argv = done.stdout.split()
     bound = AUTO["max_replicas"] * admitted() // CONFIG["gateway"]["gateways"]
-    assert argv[argv.index("--max-concurrent-requests") + 1] == str(bound)
+    assert argv[argv.index("--queue-size") + 1] == str(bound)
     refused = subprocess.run(
         [str(ROOT / "gateway" / "launch"), "--discovery-file", str(tmp_path / "w.json"), "--replicas", "4", "--dry-run"],
         capture_output=True, text=True, timeout=120, env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"},

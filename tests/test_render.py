@@ -378,7 +378,18 @@ def test_the_image_folders_and_user_written_by_hand_match_glm5_toml() -> None:
         f"CMD {v['readiness_command_json']}",
     ):
         assert line in dockerfile, line
-    folders = {v[k] for k in ("model_dir", "cache_dir", "state_dir", "log_dir", "home_dir", "api_key_dir")}
+    folders = {
+        v[k]
+        for k in (
+            "model_dir",
+            "cache_dir",
+            "state_dir",
+            "log_dir",
+            "home_dir",
+            "api_key_dir",
+            "admin_api_key_dir",
+        )
+    }
     p = pod(ROOT)
     (container,) = p["spec"]["containers"]
     assert folders == {m["mountPath"] for m in container["volumeMounts"]} - {"/dev/shm", "/tmp"}

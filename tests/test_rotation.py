@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import threading
+import time
 import urllib.error
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -17,7 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from configuration import settings
 from conftest import ROOT, kit_env
-from gateway import launch, rotation
+from gateway import launch, probes, rotation
 from gateway.rotation import Answer
 from monitoring import exporter as start_exporter
 
@@ -126,21 +127,28 @@ def test_a_replica_is_ready_only_when_its_exporter_answers_200(exporter: str) ->
                      "/no-pool": (200, {"phase": "ready", "capacity": {"max_total_num_tokens": None}}),
                      "/groups": (200, {"phase": "ready", "capacity": {"max_total_num_tokens": 261569,
                                                                     "attn_dp_size": 4.0}})}  # fmt: skip
-    assert rotation.ask_ready(exporter + "/ok") == (True, "ready", None, 1)
+    assert rotation.ask_ready(exporter + "/ok") == (True, "ready", None, 1, True)
     assert rotation.ask_ready(exporter + "/pool") == (
         True,
         "ready",
         412160.0,
         1,
+        True,
     )  # its server's own sizes line
-    assert rotation.ask_ready(exporter + "/no-pool") == (True, "ready", None, 1)
-    assert rotation.ask_ready(exporter + "/drain") == (False, "draining", None, 1)
-    assert rotation.ask_ready(exporter + "/odd") == (False, "503", None, 1)
-    assert rotation.ask_ready(exporter + "/null") == (False, "503", None, 1)  # a body that names no phase
-    assert rotation.ask_ready(exporter + "/list") == (True, "ready", None, 1)
-    assert rotation.ask_ready(exporter + "/groups") == (True, "ready", 261569.0, 4)  # DP attention: 4 pools
-    ready, said, *_ = rotation.ask_ready("http://127.0.0.1:9/ready")  # nothing listens: the box is gone
-    assert not ready and said.startswith("no answer")
+    assert rotation.ask_ready(exporter + "/no-pool") == (True, "ready", None, 1, True)
+    assert rotation.ask_ready(exporter + "/drain") == (False, "draining", None, 1, True)  # its own word
+    assert rotation.ask_ready(exporter + "/odd") == (False, "503", None, 1, False)
+    assert rotation.ask_ready(exporter + "/null") == (False, "503", None, 1, False)  # a body naming no phase
+    assert rotation.ask_ready(exporter + "/list") == (True, "ready", None, 1, False)
+    assert rotation.ask_ready(exporter + "/groups") == (
+        True,
+        "ready",
+        261569.0,
+        4,
+        True,
+    )  # DP attention: 4 pools
+    ready, said, *_, word = rotation.ask_ready("http://127.0.0.1:9/ready")  # nothing listens: the box is gone
+    assert not ready and said.startswith("no answer") and not word
 
 
 def test_each_replicas_share_is_what_its_pool_holds_and_smg_admits_their_sum() -> None:
@@ -168,18 +176,18 @@ def test_each_replicas_share_is_what_its_pool_holds_and_smg_admits_their_sum() -
         settings.resolve({"GLM5_PROFILE": "throughput", "GLM5_MAX_RUNNING_REQUESTS": "256"})
     )
     assert capped(8_400_000, 4) == 4 * 64
-    assert flags(2)["--max-concurrent-requests"] == "50"  # TP attention's bound: 2 x 25
+    assert flags(2)["--queue-size"] == "50"  # TP attention's bound: 2 x 25
     default = flags(2)
-    # smg's priority scheduler sums the shares the rotation registers; the legacy bound and the queue are for the
-    # replicas listed (the bound acts only while smg has no replica)
+    # smg's priority scheduler sums the shares the rotation registers; the queue is for the replicas listed, and
+    # smg's legacy bound is off: it would admit requests while no replica is registered (404, issue 51)
     assert "--priority-scheduler-enabled" in default
     assert default["--priority-scheduler-config"] == "/run/scheduler.json"
     assert default["--priority-scheduler-default-max-class"] == "default"  # no client raises its own class
-    assert default["--max-concurrent-requests"] == default["--queue-size"] == "50"
+    assert default["--max-concurrent-requests"] == "0" and default["--queue-size"] == "50"
     assert default["--queue-timeout-secs"] == str(gw["queue_timeout_seconds"])
     assert default["--balance-abs-threshold"] == "1" and "--disable-worker-overload-protection" in default
     assert default["--request-timeout-secs"] == str(gw["request_timeout_seconds"])
-    assert flags(3, GLM5_MAX_RUNNING_REQUESTS="16")["--max-concurrent-requests"] == "48"
+    assert flags(3, GLM5_MAX_RUNNING_REQUESTS="16")["--queue-size"] == "48"
     classes = json.loads(launch.scheduler_classes(50, 60))["classes"]
     assert set(classes) == {"system", "interactive", "default", "bulk"}
     assert all(c == classes["default"] for c in classes.values())  # all alike: none reserved, none preempts
@@ -219,14 +227,21 @@ def test_the_rotation_says_on_metrics_who_is_in_who_answers_and_their_phase(tmp_
     source = workers_file(tmp_path / "w.json", {"id": "a", "url": "http://10.0.0.1:30000"},
                           {"id": "b", "url": "http://10.0.0.2:30000"}, {"url": "http://10.0.0.3:30000"})  # fmt: skip
     said = {"http://10.0.0.1:30090/ready": Answer(True, "ready"), "http://10.0.0.2:30090/ready": Answer(False, "loading"),
-            "http://10.0.0.3:30090/ready": Answer(False, "no answer (Connection refused)")}  # fmt: skip
+            "http://10.0.0.3:30090/ready": Answer(False, "no answer (Connection refused)", word=False)}  # fmt: skip
     turn = rotation.Rotation(source, tmp_path / "out.json", 30090, lambda url: said[url], slots=pools)
     registry = CollectorRegistry()
     registry.register(turn)
-    assert [s for family in registry.collect() for s in family.samples] == []  # nothing before its first pass
+    # nothing before its first pass: no worker, no pass, no sync
+    assert {s.name: s.value for family in registry.collect() for s in family.samples} == {
+        "glm5_rotation_last_pass_timestamp_seconds": 0.0,
+        "glm5_rotation_last_sync_timestamp_seconds": 0.0,
+    }
+    before = time.time()
     turn.step()
     samples = {(s.name, s.labels.get("id"), s.labels.get("phase")): s.value
                for family in registry.collect() for s in family.samples}  # fmt: skip
+    assert before <= samples.pop(("glm5_rotation_last_pass_timestamp_seconds", None, None)) <= time.time()
+    assert samples.pop(("glm5_rotation_last_sync_timestamp_seconds", None, None)) == 0.0  # no smg here
     url3 = "http://10.0.0.3:30000"  # no id: the url is its id
     assert samples == {
         ("glm5_rotation_in_rotation", "a", None): 1.0,
@@ -238,7 +253,7 @@ def test_the_rotation_says_on_metrics_who_is_in_who_answers_and_their_phase(tmp_
         ("glm5_rotation_phase", "a", "ready"): 1.0,
         ("glm5_rotation_phase", "b", "loading"): 1.0,
     }
-    said["http://10.0.0.2:30090/ready"] = Answer(False, "503")  # an answer without a phase
+    said["http://10.0.0.2:30090/ready"] = Answer(False, "503", word=False)  # an answer without a phase
     turn.step()
     phases = {s.labels["id"]: s.labels["phase"] for family in registry.collect()
               for s in family.samples if s.name == "glm5_rotation_phase"}  # fmt: skip
@@ -389,5 +404,95 @@ def test_smg_is_told_each_ready_replica_with_its_share_and_nothing_else() -> Non
         )
         with pytest.raises(urllib.error.HTTPError):  # anything but a 409: said by the rotation, tried again
             smg.sync({"http://f:9": 1})
+    finally:
+        server.shutdown()
+
+
+# --- steady membership and a watched rotation (issue 51) -------------------------------------------------------
+
+
+def test_a_replica_leaves_on_its_own_word_at_once_and_after_missed_answers_only_in_a_row(
+    tmp_path: Path,
+) -> None:
+    """One missed answer removed a healthy replica (smg then drained it for 5 s and refused its re-add: 5.6 s out
+    for a 0.6 s blip). Its own word (a phase: draining) still takes it out at the next pass; no answer, or one
+    without a phase, only MISSED_PASSES passes in a row."""
+    source = workers_file(tmp_path / "w.json", {"id": "a", "url": "http://10.0.0.1:30000"})
+    url = "http://10.0.0.1:30090/ready"
+    said = {url: Answer(True, "ready")}
+    smg = Smg()
+    turn = rotation.Rotation(source, tmp_path / "out.json", 30090, lambda u: said[u], slots=pools, smg=smg)  # type: ignore[arg-type]
+    turn.step()
+    assert rotation.MISSED_PASSES >= 2  # else a blip is not survived at all
+    blips = [Answer(False, "no answer (Connection reset)", word=False), Answer(False, "502", word=False)]
+    for blip in blips[: rotation.MISSED_PASSES - 1]:  # a blip of fewer passes than the bound: kept
+        said[url] = blip
+        turn.step()
+        assert smg.given[-1] == {"http://10.0.0.1:30000": 25}, blip
+    said[url] = Answer(True, "ready")
+    turn.step()
+    for _ in range(rotation.MISSED_PASSES):  # silent that many passes in a row: out on the last
+        said[url] = blips[0]
+        turn.step()
+    assert smg.given[-rotation.MISSED_PASSES :] == [{"http://10.0.0.1:30000": 25}] * (
+        rotation.MISSED_PASSES - 1
+    ) + [{}]
+    said[url] = Answer(True, "ready")
+    turn.step()
+    said[url] = Answer(False, "draining")  # its own word: out at once
+    turn.step()
+    assert smg.given[-2:] == [{"http://10.0.0.1:30000": 25}, {}]
+
+
+def test_a_lookup_that_hangs_is_bounded_and_keeps_the_last_listing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """getaddrinfo has no bound of its own: a pass that waited on it stopped the rotation. Bounded, the pass goes on
+    with the last listing and says why."""
+    monkeypatch.setattr(rotation, "LOOKUP_TIMEOUT", 0.3)
+    hang = threading.Event()
+    calls = {"n": 0}
+
+    def resolve(host: str, port: int) -> list[str]:
+        calls["n"] += 1
+        if calls["n"] > 1:
+            hang.wait(30)
+        return ["10.0.0.1"]
+
+    listing = rotation.pods("glm5-pods.glm5.svc", 30000, resolve)
+    assert listing() == [{"id": "10.0.0.1", "url": "http://10.0.0.1:30000"}]
+    began = time.monotonic()
+    assert listing() is None  # unknown: the rotation keeps its last list
+    assert time.monotonic() - began < 2
+    hang.set()
+
+
+def test_the_gateways_probes_fail_on_a_stale_rotation_and_while_no_replica_is_in(tmp_path: Path) -> None:
+    """smg's own probes cannot see the rotation; the kit's (gateway/probes.py) can: /live fails once no pass has
+    finished for WATCHED_SECONDS, /ready while no replica is in the rotation or smg was not given them lately."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Ready)  # stands in for smg's probe port: 200 on both
+    Ready.answers = {"/liveness": (200, {}), "/readiness": (200, {})}
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    smg_probe = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        source = workers_file(tmp_path / "w.json", {"id": "a", "url": "http://10.0.0.1:30000"})
+        said = {"http://10.0.0.1:30090/ready": Answer(False, "loading")}
+        turn = rotation.Rotation(
+            source, tmp_path / "out.json", 30090, lambda u: said[u], slots=pools, smg=Smg()
+        )  # type: ignore[arg-type]
+        now = time.time()
+        assert not probes.live(turn, smg_probe, now).ok  # no pass yet
+        turn.step()
+        now = time.time()
+        assert probes.live(turn, smg_probe, now) == (True, "smg: 200")
+        assert probes.ready(turn, smg_probe, now) == (False, "no replica is in the rotation")
+        said["http://10.0.0.1:30090/ready"] = Answer(True, "ready")
+        turn.step()
+        assert probes.ready(turn, smg_probe, time.time()) == (True, "1 replica(s) in the rotation")
+        later = time.time() + probes.WATCHED_SECONDS + 1  # no pass since: stuck
+        stale = probes.live(turn, smg_probe, later)
+        assert not stale.ok and "has not finished a pass for 61 s" in stale.reason, stale
+        assert not probes.ready(turn, smg_probe, later).ok
+        Ready.answers = {"/liveness": (503, {}), "/readiness": (503, {})}
+        assert probes.live(turn, smg_probe, time.time()) == (False, "smg liveness: 503")
+        assert probes.ready(turn, smg_probe, time.time()) == (False, "smg readiness: 503")
     finally:
         server.shutdown()

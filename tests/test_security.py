@@ -203,9 +203,9 @@ def test_network_policies_let_in_only_clients_the_gateway_and_prometheus() -> No
     assert allowed_ports(server, prometheus) == {"http", "exporter"}
     assert allowed_ports(server, stranger) == set()
     gw = p["glm5-gateway"]
-    assert allowed_ports(gw, client) == {"http", "probes"}
+    assert allowed_ports(gw, client) == {"http", "probes", "rotation"}
     assert allowed_ports(gw, prometheus) == {"metrics", "rotation", "probes"}
-    assert allowed_ports(gw, stranger) == {"probes"}  # the kubelet's probes
+    assert allowed_ports(gw, stranger) == {"probes", "rotation"}  # the kubelet's probes (the kit's: rotation)
     # Egress: the server none (only the default deny selects it for Egress), the weights Job DNS and HTTPS.
     egress_of_server = [
         n

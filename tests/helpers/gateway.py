@@ -100,6 +100,14 @@ class Gateway:
         except (OSError, ValueError):
             return {}
 
+    def registered(self) -> list[str]:
+        """The urls of the workers smg routes to (not draining), read with the operator's key."""
+        request = urllib.request.Request(self.url + "/workers")
+        request.add_header("Authorization", f"Bearer {self.env.get('GLM5_ADMIN_API_KEY', ADMIN_KEY)}")
+        with urllib.request.urlopen(request, timeout=10) as r:
+            listed = json.loads(r.read())
+        return sorted(str(w["url"]) for w in listed.get("workers", []) if w.get("status") != "draining")
+
     def wait_healthy(self, n: int, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         while self.readiness().get("healthy_workers") != n:

@@ -26,6 +26,9 @@ MODEL = "glm-5"
 class StubReplica:
     def __init__(self, key: str, pool_tokens: int = 412160) -> None:
         self.key, self.pool = key, pool_tokens
+        # Its exporter's /ready: the phase it says (200 only for "ready", 503 otherwise, healthcheck/phase.py), or
+        # silent (the connection closed with no answer: an exporter restarting, a box gone).
+        self.phase, self.silent = "ready", False
         self.attempts: Counter[str] = Counter()  # request text -> times received
         self.lock = threading.Lock()
         self.api = ThreadingHTTPServer(("127.0.0.1", 0), self.handler())
@@ -70,8 +73,11 @@ class StubReplica:
             def do_GET(self) -> None:
                 path = self.path.split("?")[0]
                 if path == "/ready":
-                    ready = {"phase": "ready", "capacity": {"max_total_num_tokens": stub.pool}}
-                    self.reply(200, ready)
+                    if stub.silent:
+                        self.close_connection = True
+                        return
+                    ready = {"phase": stub.phase, "capacity": {"max_total_num_tokens": stub.pool}}
+                    self.reply(200 if stub.phase == "ready" else 503, ready)
                 elif path in ("/health", "/health_generate"):
                     self.reply(200, {})
                 elif not self.authorized():
