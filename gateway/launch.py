@@ -9,9 +9,9 @@
 
 The flags come from entrypoint/glm5.toml's [gateway] (policy, worker health checks that follow the replicas'
 readiness rule, ports), then admission: smg's priority scheduler admits the sum of what the ready replicas hold, each
-registered by the rotation with its own share (gateway/rotation.py: what its KV pool, from its /ready, holds of
-[gateway].context_tokens, at most its largest captured decode batch, configuration/admission.py; on Kubernetes
-divided among the [gateway].gateways), so a replica that drains, fails or is still starting takes its share with it
+registered by the rotation with its own share (gateway/rotation.py: what the replica's /ready publishes, its
+capacity's admitted_requests; on Kubernetes divided among the gateway pods that exist now, counted each pass from
+their headless Service, [gateway].gateways_service), so a replica that drains, fails or is still starting takes its share with it
 and nothing needs a relaunch; while none is registered (the gateway's first second, or no replica serving) a request
 waits in smg's queue for one, and gets 503 with Retry-After at the queue timeout, never a 404; the queue is sized
 for the replicas listed (FILE's workers, or --replicas, else [gateway].replicas), and the scheduler's classes, all alike,
@@ -50,16 +50,16 @@ from configuration import layout, settings
 from configuration.batch_sizes import decode_capture_sizes
 from configuration.config import generated_key
 from gateway import probes
-from gateway.rotation import Registry, Rotation, Slots, pods, read_workers
+from gateway.rotation import Registry, Rotation, Slots, peers, pods, read_workers
 
 LOG = Log("gateway")
 
 
-def slots(values: Mapping[str, Any], gateways: int = 1) -> Slots:
-    """What one gateway admits to a replica whose attention-DP groups (1: TP attention) each hold a KV pool (None:
+def slots(values: Mapping[str, Any]) -> Slots:
+    """What the gateways admit to a replica whose attention-DP groups (1: TP attention) each hold a KV pool (None:
     unknown, [gateway].kv_tokens): per group what its pool holds of [gateway].context_tokens, at most the largest
-    decode batch a rank captures (its share of the running requests under DP attention), shared by `gateways`
-    gateways (smg bounds each process alone)."""
+    decode batch a rank captures (its share of the running requests under DP attention). The rotation uses it only
+    for a replica whose /ready publishes no `admitted_requests`, and divides it among the live gateways."""
     gw = settings.load_config()["gateway"]
 
     def admitted(pool: float | None, groups: int = 1) -> int:
@@ -67,8 +67,7 @@ def slots(values: Mapping[str, Any], gateways: int = 1) -> Slots:
             values["cuda_graph_max_bs_decode"], values["speculative"] != "off", values["max_running_requests"],
             groups, int(values["gpu_count"]),
         )[-1]  # fmt: skip
-        held = groups * kv.per_replica(graphs, pool or gw["kv_tokens"], gw["context_tokens"])
-        return max(1, held // max(1, gateways))
+        return max(1, groups * kv.per_replica(graphs, pool or gw["kv_tokens"], gw["context_tokens"]))
 
     return admitted
 
@@ -222,7 +221,15 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
     source = (
         Path(args.discovery_file) if args.discovery_file else pods(pods_name(args.kubernetes), values["port"])
     )
-    gateways = 1 if args.discovery_file else int(settings.load_config()["gateway"]["gateways"])
+    gw = settings.load_config()["gateway"]
+    # On Kubernetes every gateway pod shares each replica: counted each pass from their own headless Service.
+    gateways = (
+        (lambda: 1)
+        if args.discovery_file
+        else peers(
+            f"{gw['gateways_service']}.{args.kubernetes}.svc", environ.get("POD_IP"), int(gw["gateways"])
+        )
+    )
     host = "127.0.0.1" if router_args.host in ("0.0.0.0", "::", "") else router_args.host
     registry = Registry(
         f"http://{'[' + host + ']' if ':' in host else host}:{router_args.port}", operator, key or None
@@ -231,8 +238,9 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
         source,
         Path(args.rotation_file),
         int(values["exporter_port"]),
-        slots=slots(values, gateways),
+        slots=slots(values),
         smg=registry,
+        gateways=gateways,
     )
     try:
         scheduler_file(args).parent.mkdir(parents=True, exist_ok=True)

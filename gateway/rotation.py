@@ -69,6 +69,7 @@ NAMES = (
     "glm5_rotation_phase",
     "glm5_rotation_last_pass_timestamp_seconds",
     "glm5_rotation_last_sync_timestamp_seconds",
+    "glm5_rotation_gateways",
 )  # what collect() exports
 
 SLOTS_LABEL = "max_running_requests"  # the worker label smg 1.13.0 sums into its admission (WorkerCapacity)
@@ -89,12 +90,16 @@ class Answer(NamedTuple):
         1  # the attention-DP groups that each hold such a pool (GLM5_PROFILE=throughput: --attn-dp-size)
     )
     word: bool = True  # the exporter named its phase itself (False: no answer, or an answer without a phase)
+    admitted: int | None = (
+        None  # what the replica publishes the gateways admit to it (capacity.admitted_requests)
+    )
 
 
 Ask = Callable[[str], Answer]  # ready URL -> what it said
 # A replica's pool (None: unknown) and its attention-DP groups -> the requests the gateway admits to it.
 Slots = Callable[[float | None, int], int]
 Listing = Callable[[], "list[Worker] | None"]  # the replicas now; None: unknown (the last good list stays)
+Count = Callable[[], int]  # the gateways that share the replicas now
 Resolve = Callable[[str, int], list[str]]  # host, port -> its addresses (raises OSError when it cannot tell)
 
 
@@ -153,6 +158,25 @@ def pods(host: str, port: int, resolve: Resolve = addresses) -> Listing:
     return listing
 
 
+def peers(host: str, own: str | None, first: int, resolve: Resolve = addresses) -> Count:
+    """The gateways that share the replicas: every address of their headless Service (publishing not-ready and
+    terminating pods too: one still draining its requests holds its share), with this one's own (`own`, its pod IP)
+    counted whether it is listed yet or not; `first` until a lookup answers, the last answer while none does."""
+    resolve = bounded(resolve)
+    last = [max(1, first)]
+
+    def count() -> int:
+        try:
+            found = set(resolve(host, 0))
+        except OSError as err:
+            LOG.warning(f"{host}: {err}; counting {last[0]} gateway(s) as before")
+            return last[0]
+        last[0] = max(1, len(found | ({own} if own else set())))
+        return last[0]
+
+    return count
+
+
 def ready_url(worker: Worker, exporter_port: int) -> str:
     if "ready_url" in worker:
         return worker["ready_url"]
@@ -172,6 +196,7 @@ def answer_of(ready: bool, body: bytes, otherwise: str) -> Answer:
     capacity = doc.get("capacity")
     capacity = capacity if isinstance(capacity, dict) else {}
     pool, groups = capacity.get("max_total_num_tokens"), capacity.get("attn_dp_size", 1)
+    admitted = capacity.get("admitted_requests")
     named = isinstance(phase, str) and bool(phase)
     return Answer(
         ready,
@@ -179,6 +204,7 @@ def answer_of(ready: bool, body: bytes, otherwise: str) -> Answer:
         float(pool) if isinstance(pool, int | float) and pool > 0 else None,
         int(groups) if isinstance(groups, int | float) and groups >= 1 else 1,
         named,
+        int(admitted) if isinstance(admitted, int | float) and admitted >= 1 else None,
     )
 
 
@@ -217,20 +243,24 @@ class Registry:
             return json.loads(response.read() or b"{}")
 
     def sync(self, wanted: dict[str, int]) -> None:
-        """Make smg's workers `wanted` (url -> slots): remove the others and those registered with other slots (smg
-        lets their requests finish), add the missing. A worker smg still drains is left to it: its url is added
-        again on a later pass, once smg has dropped it (until then smg answers 409). Raises OSError when smg does
-        not answer (before it listens, and while it stops): the next pass tries again."""
-        live = {}
-        for listed in self.call("GET", "/workers").get("workers", []):
-            if listed.get("status") != "draining":
-                live[listed["url"]] = listed
-        for url, listed in live.items():
-            if wanted.get(url) != _slots(listed):
-                self.call("DELETE", f"/workers/{listed['id']}")
+        """Make smg's workers `wanted` (url -> slots): remove the others at once (smg lets their requests finish)
+        and add the missing. A worker whose share changed is registered again, one at a time: smg 1.13.0 drains a
+        worker it is told to change (a PATCH of its labels too) for 5 s, in which it takes no new request, so the
+        next is changed only once no worker drains. A worker smg still drains is left to it: its url is added again
+        on a later pass, once smg has dropped it (until then smg answers 409). Raises OSError when smg does not
+        answer (before it listens, and while it stops): the next pass tries again."""
+        listed = self.call("GET", "/workers").get("workers", [])
+        live = {w["url"]: w for w in listed if w.get("status") != "draining"}
+        resizing = len(live) < len(listed)  # one drains: no other share changes this pass
+        for url, known in live.items():
+            if url not in wanted:
+                self.call("DELETE", f"/workers/{known['id']}")
+            elif wanted[url] != _slots(known) and not resizing:
+                self.call("DELETE", f"/workers/{known['id']}")
+                resizing = True
         for url, slots in wanted.items():
-            if url in live and _slots(live[url]) == slots:
-                continue
+            if url in live:
+                continue  # as registered, or its new share waits its turn
             worker: dict[str, Any] = {"url": url, "labels": {SLOTS_LABEL: str(slots)}}
             if self.worker_key:  # smg 1.13.0 never shows it back on GET /workers
                 worker["api_key"] = self.worker_key
@@ -260,10 +290,12 @@ class Rotation(Collector):
         *,
         slots: Slots,
         smg: Registry | None = None,
+        gateways: Count = lambda: 1,
     ) -> None:
         self.listing: Listing = (lambda: read_workers(source)) if isinstance(source, Path) else source
         self.target, self.exporter_port, self.ask = target, exporter_port, ask
-        self.slots, self.smg = slots, smg
+        self.slots, self.smg, self.gateways = slots, smg, gateways
+        self.sharing = 0  # the gateways the shares were last divided among (0: no pass yet)
         self.workers: list[Worker] = []
         self.state: dict[str, Answer] = {}  # url -> the answer it stands by (ready: in the rotation)
         self.missed: dict[str, int] = {}  # url -> passes in a row without its own word while in the rotation
@@ -289,7 +321,11 @@ class Rotation(Collector):
         for url in set(self.state) - set(now):
             LOG.info(f"{url} is no longer listed: out of the rotation")
         serving = [w for w in self.workers if now[w["url"]].ready]
-        slots = {w["url"]: self.slots(now[w["url"]].pool, now[w["url"]].groups) for w in serving}
+        sharing = self.gateways()
+        if sharing != self.sharing:
+            LOG.info(f"{sharing} gateway(s) share the replicas: each admits 1/{sharing} of a replica's share")
+        self.sharing = sharing
+        slots = {w["url"]: self.share(now[w["url"]], sharing) for w in serving}
         self.state = now
         if self.smg is not None:
             try:
@@ -314,6 +350,13 @@ class Rotation(Collector):
         self.target.parent.mkdir(parents=True, exist_ok=True)
         state.write_whole(self.target, text)
         return True
+
+    def share(self, answer: Answer, sharing: int) -> int:
+        """What this gateway admits to a replica: what the replica publishes the gateways admit to it (its /ready,
+        capacity.admitted_requests; the kit's own arithmetic, `slots`, for a replica that publishes none), divided
+        among the gateways that share it."""
+        whole = answer.admitted if answer.admitted is not None else self.slots(answer.pool, answer.groups)
+        return max(1, whole // max(1, sharing))
 
     def stand(self, worker: Worker, answer: Answer) -> Answer:
         """The answer this pass acts on: the replica's own word at once (ready, or a phase it names); a replica in
@@ -352,6 +395,11 @@ class Rotation(Collector):
             "When the rotation last gave smg its workers (Unix time; 0: none yet)",
         )
         synced.add_metric([], self.synced_at)
+        sharing = GaugeMetricFamily(
+            "glm5_rotation_gateways",
+            "The gateways this one divides each replica's share among (0: no pass yet)",
+        )
+        sharing.add_metric([], float(self.sharing))
         workers, state = self.workers, self.state  # one pass's view: step() replaces both, never mutates them
         for worker in workers:
             url = worker["url"]
@@ -364,7 +412,7 @@ class Rotation(Collector):
             answering.add_metric(ids, float(heard))
             if heard:
                 phase.add_metric([*ids, said if said.isidentifier() else "unknown"], 1.0)
-        yield from (within, answering, phase, passes, synced)
+        yield from (within, answering, phase, passes, synced, sharing)
 
     def run(self, stop: threading.Event, poll: float = POLL_SECONDS) -> None:
         while not stop.wait(poll):

@@ -126,28 +126,33 @@ def test_a_replica_is_ready_only_when_its_exporter_answers_200(exporter: str) ->
                      "/pool": (200, {"phase": "ready", "capacity": {"max_total_num_tokens": 412160}}),
                      "/no-pool": (200, {"phase": "ready", "capacity": {"max_total_num_tokens": None}}),
                      "/groups": (200, {"phase": "ready", "capacity": {"max_total_num_tokens": 261569,
-                                                                    "attn_dp_size": 4.0}})}  # fmt: skip
-    assert rotation.ask_ready(exporter + "/ok") == (True, "ready", None, 1, True)
+                                                                    "attn_dp_size": 4.0,
+                                                                    "admitted_requests": 60.0}})}  # fmt: skip
+    assert rotation.ask_ready(exporter + "/ok") == (True, "ready", None, 1, True, None)
     assert rotation.ask_ready(exporter + "/pool") == (
         True,
         "ready",
         412160.0,
         1,
         True,
+        None,
     )  # its server's own sizes line
-    assert rotation.ask_ready(exporter + "/no-pool") == (True, "ready", None, 1, True)
-    assert rotation.ask_ready(exporter + "/drain") == (False, "draining", None, 1, True)  # its own word
-    assert rotation.ask_ready(exporter + "/odd") == (False, "503", None, 1, False)
-    assert rotation.ask_ready(exporter + "/null") == (False, "503", None, 1, False)  # a body naming no phase
-    assert rotation.ask_ready(exporter + "/list") == (True, "ready", None, 1, False)
+    assert rotation.ask_ready(exporter + "/no-pool") == (True, "ready", None, 1, True, None)
+    assert rotation.ask_ready(exporter + "/drain") == (False, "draining", None, 1, True, None)  # its own word
+    assert rotation.ask_ready(exporter + "/odd") == (False, "503", None, 1, False, None)
+    assert rotation.ask_ready(exporter + "/null") == (False, "503", None, 1, False, None)  # names no phase
+    assert rotation.ask_ready(exporter + "/list") == (True, "ready", None, 1, False, None)
     assert rotation.ask_ready(exporter + "/groups") == (
         True,
         "ready",
         261569.0,
         4,
         True,
-    )  # DP attention: 4 pools
-    ready, said, *_, word = rotation.ask_ready("http://127.0.0.1:9/ready")  # nothing listens: the box is gone
+        60,
+    )  # DP attention: 4 pools; what the replica publishes the gateways admit to it
+    ready, said, _, _, word, _ = rotation.ask_ready(
+        "http://127.0.0.1:9/ready"
+    )  # nothing listens: the box is gone
     assert not ready and said.startswith("no answer") and not word
 
 
@@ -166,7 +171,6 @@ def test_each_replicas_share_is_what_its_pool_holds_and_smg_admits_their_sum() -
     assert (
         launch.slots(settings.resolve({"GLM5_MAX_RUNNING_REQUESTS": "64"}))(8_400_000) == 64
     )  # caps the graphs
-    assert launch.slots(settings.resolve({}), gateways=2)(None) == 12  # two gateways share a replica
     # DP attention (GLM5_PROFILE=throughput, 4 groups): the line names one group's pool, and each group runs its own
     # requests: 4 x what 261,569 tokens hold of 16k (15) = 60, where one TP-attention pool of that size holds 15.
     dp = launch.slots(settings.resolve({"GLM5_PROFILE": "throughput"}))
@@ -233,6 +237,7 @@ def test_the_rotation_says_on_metrics_who_is_in_who_answers_and_their_phase(tmp_
     registry.register(turn)
     # nothing before its first pass: no worker, no pass, no sync
     assert {s.name: s.value for family in registry.collect() for s in family.samples} == {
+        "glm5_rotation_gateways": 0.0,
         "glm5_rotation_last_pass_timestamp_seconds": 0.0,
         "glm5_rotation_last_sync_timestamp_seconds": 0.0,
     }
@@ -242,6 +247,7 @@ def test_the_rotation_says_on_metrics_who_is_in_who_answers_and_their_phase(tmp_
                for family in registry.collect() for s in family.samples}  # fmt: skip
     assert before <= samples.pop(("glm5_rotation_last_pass_timestamp_seconds", None, None)) <= time.time()
     assert samples.pop(("glm5_rotation_last_sync_timestamp_seconds", None, None)) == 0.0  # no smg here
+    assert samples.pop(("glm5_rotation_gateways", None, None)) == 1.0  # a Docker host's gateway: alone
     url3 = "http://10.0.0.3:30000"  # no id: the url is its id
     assert samples == {
         ("glm5_rotation_in_rotation", "a", None): 1.0,
@@ -386,17 +392,16 @@ def test_smg_is_told_each_ready_replica_with_its_share_and_nothing_else() -> Non
         ]
         assert changes == [
             ("GET", "/workers", None, None),
-            ("DELETE", "/workers/id-b", None, None),  # registered with another share: its pool changed
-            ("DELETE", "/workers/id-e", None, None),  # no longer ready
-            (
-                "POST",
-                "/workers",
-                "http://b:1",
-                {"max_running_requests": "5"},
-            ),  # 409 while it drains: next pass
+            ("DELETE", "/workers/id-e", None, None),  # no longer ready: out at once
             ("POST", "/workers", "http://c:1", {"max_running_requests": "4"}),  # 409 until smg has dropped it
             ("POST", "/workers", "http://d:1", {"max_running_requests": "2"}),
-        ]  # a, listed with its share, is left alone
+        ]  # a, listed with its share, is left alone; b's new share waits while c drains
+        # smg drains a worker whose share changes for 5 s (no new request meanwhile): one at a time, once none drains
+        FakeSmg.calls = []
+        FakeSmg.workers = [listed("http://a:1", 3), listed("http://b:1", 3)]
+        smg.sync({"http://a:1": 4, "http://b:1": 5})
+        changes = [(method, path) for method, path, _, _ in FakeSmg.calls]
+        assert changes == [("GET", "/workers"), ("DELETE", "/workers/id-a")]  # b's turn comes once a is back
         # the operator's key on smg's control plane; each worker registered with the clients' key its replica holds
         assert all(key == "Bearer k-123" for *_, key in FakeSmg.calls)
         assert all(
@@ -496,3 +501,44 @@ def test_the_gateways_probes_fail_on_a_stale_rotation_and_while_no_replica_is_in
         assert probes.ready(turn, smg_probe, time.time()) == (False, "smg readiness: 503")
     finally:
         server.shutdown()
+
+
+def test_each_gateway_admits_a_replicas_published_share_divided_among_the_gateways_that_exist(
+    tmp_path: Path,
+) -> None:
+    """The gateway count was frozen in the image ([gateway].gateways = 2): one gateway pod lost, the survivor
+    admitted half of what the replicas hold; a third (a rollout's surge) made 1.5x. Now each pass counts the gateway
+    pods of their headless Service (itself always), and divides what each replica publishes it holds (its /ready's
+    admitted_requests, not the gateway's own arithmetic) among them: together never more than the replica holds."""
+    gateways = {"now": ["10.1.0.1", "10.1.0.2"]}
+    count = rotation.peers("glm5-gateways.glm5.svc", "10.1.0.1", 2, lambda host, port: list(gateways["now"]))
+    source = workers_file(tmp_path / "w.json", {"id": "a", "url": "http://10.0.0.1:30000"})
+    published = Answer(True, "ready", 412_160.0, 1, True, 30)  # the kit's arithmetic would say 25
+    smg = Smg()
+    turn = rotation.Rotation(
+        source,
+        tmp_path / "out.json",
+        30090,
+        lambda u: published,
+        slots=pools,
+        smg=smg,
+        gateways=count,  # type: ignore[arg-type]
+    )
+    seen = []
+    for listed in (
+        ["10.1.0.1", "10.1.0.2"],
+        ["10.1.0.1"],
+        ["10.1.0.1", "10.1.0.2", "10.1.0.3"],
+        ["10.1.0.2"],
+    ):
+        gateways["now"] = listed
+        turn.step()
+        seen.append((len(set(listed) | {"10.1.0.1"}), smg.given[-1]["http://10.0.0.1:30000"]))
+    # (gateways, this one's share): lost one, the survivor takes the whole; a surge, a third each; not yet listed
+    # itself (a new pod), it counts itself
+    assert seen == [(2, 15), (1, 30), (3, 10), (2, 15)], seen
+    assert all(n * share <= 30 for n, share in seen)
+    failing = rotation.peers(
+        "glm5-gateways.glm5.svc", None, 2, lambda host, port: (_ for _ in ()).throw(OSError("SERVFAIL"))
+    )
+    assert failing() == 2  # no answer yet: [gateway].gateways; after one, the last answer
