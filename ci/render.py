@@ -47,6 +47,7 @@ MARKED = (
     "k8s/data/pvc-weights.yaml",
     "k8s/base/kustomization.yaml",
     "k8s/base/statefulset.yaml",
+    "k8s/base/job-weights.yaml",
     "k8s/base/service.yaml",
     "k8s/base/networkpolicy.yaml",
     "k8s/components/image/kustomization.yaml",
@@ -90,6 +91,8 @@ BLOCKS = {
         "failure-codes",
         "verification",
         "sizing",
+        "node-size",
+        "first-answer",
         "layouts",
     ),
     INTERNALS: ("kernels", "state-records"),
@@ -165,10 +168,79 @@ def values(cfg: Mapping[str, Any]) -> dict[str, Any]:
             f"= {v['health_timeout_seconds']} and GLM5_HEALTH_TIMEOUT's max {longest} (the probe waits that long for /health)"
         )
     problems += autoscaling_problems(v)
+    problems += node_problems(v)
     problems += admission.drift(cfg)
     if problems:
         raise RenderError("entrypoint/glm5.toml: " + "; ".join(problems))
     return v
+
+
+# The kubelet's reserve as GKE computes it, the largest of the common defaults (upstream kubelet reserves nothing
+# but its eviction threshold): cloud.google.com/kubernetes-engine/docs/concepts/plan-node-sizes. Bands of (width, share).
+KUBELET_CPU_BANDS = ((1.0, 0.06), (1.0, 0.01), (2.0, 0.005), (math.inf, 0.0025))
+KUBELET_MEMORY_BANDS = ((4.0, 0.25), (4.0, 0.20), (8.0, 0.10), (112.0, 0.06), (math.inf, 0.02))
+EVICTION_GIB = 100 / 1024  # the kubelet's default hard eviction threshold, memory.available<100Mi
+
+
+def quantity(text: str) -> float:
+    """A Kubernetes quantity as a number: cores for CPU ("16", "500m"), GiB for memory ("128Gi", "512Mi")."""
+    units = {"m": 1e-3, "Gi": 1.0, "Mi": 1 / 1024, "Ki": 1 / 1024**2, "Ti": 1024.0}
+    for suffix, scale in units.items():
+        if text.endswith(suffix):
+            return float(text.removesuffix(suffix)) * scale
+    return float(text)
+
+
+def banded(total: float, bands: tuple[tuple[float, float], ...]) -> float:
+    reserved, left = 0.0, total
+    for width, share in bands:
+        part = min(left, width)
+        reserved, left = reserved + part * share, left - part
+    return reserved
+
+
+def node_fit(v: Mapping[str, Any]) -> list[tuple[str, float, float]]:
+    """What the smallest node the kit names leaves: rows of (what, cores, GiB), the last one what is left over, which
+    must not be negative. On one node the weights Job runs while the pod waits in Init, so both are counted."""
+    cpus, ram = float(v["node_cpus"]), float(v["node_memory_gib"])
+    reserve_cpu, reserve_memory = banded(cpus, KUBELET_CPU_BANDS), banded(ram, KUBELET_MEMORY_BANDS)
+    rows = [
+        (f"the node the kit names (README: Needs): {v['node_cpus']} CPUs, {v['node_memory_gib']} GiB installed", cpus, ram),
+        ("RAM the kernel never counts in MemTotal, the node's capacity (firmware, the kernel, a crash kernel; an "
+         "estimate)", 0.0, -float(v["node_unreported_gib"])),
+        ("the kubelet's reserve, by GKE's formula (CPU: 6% of the first core, 1% of the next, 0.5% of the next 2, 0.25% "
+         "above 4; memory: 25% of the first 4 GiB, 20% of the next 4, 10% of the next 8, 6% of the next 112, 2% above; "
+         "a kubelet left at its defaults reserves none)", -reserve_cpu, -reserve_memory),
+        ("the kubelet's hard eviction threshold (memory.available<100Mi, its default)", 0.0, -EVICTION_GIB),
+        ("the node's own DaemonSets (CNI, kube-proxy, the GPU Operator's; an estimate)",
+         -quantity(v["system_pods_cpu"]), -quantity(v["system_pods_memory"])),
+        ("the weights Job (k8s/base/job-weights.yaml), beside the pod on one node",
+         -quantity(v["weights_job_cpu_request"]), -quantity(v["weights_job_memory_request"])),
+        ("the server pod (k8s/base/statefulset.yaml; its init container asks less)",
+         -quantity(v["cpu_request"]), -quantity(v["memory_request"])),
+    ]  # fmt: skip
+    rows.append(("left over", sum(r[1] for r in rows), sum(r[2] for r in rows)))
+    return rows
+
+
+def node_problems(v: Mapping[str, Any]) -> list[str]:
+    _, cpu_left, memory_left = node_fit(v)[-1]
+    found = []
+    short = [f"{-cpu_left:.2f} CPUs"] * (cpu_left < 0) + [f"{-memory_left:.1f} GiB"] * (memory_left < 0)
+    if short:
+        found.append(
+            f"cpu_request = {v['cpu_request']!r}, memory_request = {v['memory_request']!r}: with the weights Job and the "
+            f"system pods they ask {' and '.join(short)} more than a node of node_cpus = {v['node_cpus']} and "
+            f"node_memory_gib = {v['node_memory_gib']} leaves (docs/reference.md: Node size): lower the requests, or "
+            "raise the node the kit names (and the README's Needs)"
+        )
+    ranks_gib = v["gpu_count"] * v["server_host_mib_per_rank"] / 1024
+    if quantity(v["memory_request"]) < ranks_gib:
+        found.append(
+            f"memory_request = {v['memory_request']!r} is below the ranks' own host memory, gpu_count x "
+            f"server_host_mib_per_rank = {ranks_gib:g} GiB: raise it"
+        )
+    return found
 
 
 DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -414,7 +486,7 @@ def readme_blocks(cfg: Mapping[str, Any]) -> dict[str, Callable[[], str]]:
     def failure_codes() -> str:
         rows = ["| code | kind | what failed | exit code | a restart | fix |", "|---|---|---|---|---|---|"]
         rows += [
-            f"| {f.exported} | `{f.kind}` | {f.meaning} | {f.exit_code if f.kind != 'refused' else '3, 10-42'} | "
+            f"| {f.exported} | `{f.kind}` | {f.meaning} | {f.exit_code if f.kind != 'refused' else '3, 10-43'} | "
             f"{'restarted, counted; past GLM5_START_RETRIES the kit gives up' if f.restart else 'the kit gives up at once'}"
             f" | {f.fix} |"
             for f in FAILURES
@@ -448,6 +520,14 @@ def readme_blocks(cfg: Mapping[str, Any]) -> dict[str, Callable[[], str]]:
             "besides the container's, so not at the 128 GiB minimum) | ~1 min |"
         )
         return "\n".join(rows) + "\n"
+
+    def node_size() -> str:
+        rows = ["| on the node | CPUs | memory (GiB) |", "|---|---|---|"]
+        rows += [f"| {what} | {cpu:+.2f} | {gib:+.1f} |" for what, cpu, gib in node_fit(values(cfg))]
+        return "\n".join(rows) + "\n"
+
+    def first_answer() -> str:
+        return first_answer_table(cfg)
 
     def layouts() -> str:
         gw = cfg["gateway"]
@@ -525,10 +605,80 @@ def readme_blocks(cfg: Mapping[str, Any]) -> dict[str, Callable[[], str]]:
         "failure-codes": failure_codes,
         "state-records": state_records,
         "sizing": sizing,
+        "node-size": node_size,
+        "first-answer": first_answer,
         "layouts": layouts,
         "preflight-exit-codes": lambda: preflight_exit_codes(values(cfg)),
         "verification": verification,
     }
+
+
+# The two boxes the time-to-first-answer estimates are for: (name, cores, network Gbit/s, weights disk GB/s).
+BOXES = (("the minimum box: 16 cores, 1 Gbit/s, a 1 GB/s disk", 16, 1.0, 1.0),
+         ("a fast box: 32 cores, 10 Gbit/s, a 4 GB/s disk", 32, 10.0, 4.0))  # fmt: skip
+# The start's phases after the load, from the phase table (healthcheck/verdict.py): capture ~4 min, warm-up under a
+# minute, verification ~30 s; autotune "minutes", not counted.
+AFTER_LOAD_MINUTES = 4 + 1 + 0.5
+
+
+def first_answer_table(cfg: Mapping[str, Any]) -> str:
+    """docs/reference.md's time to a first answer by phase, and the sweep's time: arithmetic on the kit's own figures
+    (the checkpoint's size, the Figures table, the kernels' build times, the phase table, ci/sweep-sm120.toml)."""
+    weights_gb = cfg["deployment"]["weights_gb"]
+    figures = {f["key"]: f["value"] for f in load_figures()}
+    kernel_seconds_32 = sum(
+        float(m.figures.get("build_seconds_32", 0)) for m in kernel_modules.load().modules
+    )
+    rows = [f"| phase (estimates) | {BOXES[0][0]} | {BOXES[1][0]} | from |", "|---|---|---|---|"]
+    phases: list[tuple[str, list[float], str]] = [
+        (f"`hf download`, {weights_gb} GB", [weights_gb * 8 / gbit / 60 for _, _, gbit, _ in BOXES],
+         "the checkpoint's size at the line rate"),
+        ("build: the image without its kernels", [figures["build_minutes"]] * 2,
+         "Figures: ci/build-image on 2 cores (the CUDA base image's pull not counted)"),
+        ("build: every FlashInfer kernel (`GLM5_KERNELS=all`)",
+         [kernel_seconds_32 * 32 / cores / 60 for _, cores, _, _ in BOXES],
+         "docs/internals.md: the modules' 32-core build times, scaled by the cores"),
+        ("first start: load, capture, warm-up, verification",
+         [weights_gb / disk / 60 + AFTER_LOAD_MINUTES for _, _, _, disk in BOXES],
+         "Sizing's cold load; the phase table (autotune and the first start's JIT compiles not counted)"),
+    ]  # fmt: skip
+    for what, minutes, source in phases:
+        rows.append(f"| {what} | {minutes[0]:.0f} min | {minutes[1]:.0f} min | {source} |")
+    total = [sum(p[1][i] for p in phases) for i in range(2)]
+    overlapped = [max(phases[0][1][i], phases[1][1][i] + phases[2][1][i]) + phases[3][1][i] for i in range(2)]
+    rows.append(
+        f"| to a first answer, one step after another | {total[0]:.0f} min | {total[1]:.0f} min | the sum |"
+    )
+    rows.append(
+        f"| the same with `docker compose build glm5` run during the download | {overlapped[0]:.0f} min | "
+        f"{overlapped[1]:.0f} min | the build needs no weights |"
+    )
+    rows.append(
+        f"| a later start (the image built, the weights cold on disk) | {phases[3][1][0]:.0f} min | "
+        f"{phases[3][1][1]:.0f} min | the first start's row; warm in the page cache: Figures, {figures['start_warm_minutes']:g} min |"
+    )
+    with (ROOT / "ci" / "sweep-sm120.toml").open("rb") as fh:
+        sweep = tomllib.load(fh)
+    shapes = {
+        s["name"]: s["num_prompts"] * s["output_len"] / s["published_output_tok_s"] / 60
+        for s in sweep["shape"]
+    }
+    start = phases[3][1][0]
+    per_variant = start + sum(shapes.values())
+    variants = len(sweep["variant"])
+    winner = sweep["winner_shape"]
+    rows += [
+        "",
+        "| `ci/bench --sweep` (estimates: each shape's output tokens at its published rate, a cold start a variant) | time |",
+        "|---|---|",
+        f"| `ci/bench --sweep ci/sweep-sm120.toml`: {variants} variants, each a start and {len(shapes)} shapes "
+        f"({', '.join(f'{n} {m:.0f} min' for n, m in shapes.items())}) | {variants * per_variant / 60:.0f} h |",
+        f"| `ci/bench --sweep ci/sweep-sm120.toml --shape {winner}`: every variant at the winner's shape alone | "
+        f"{variants * (start + shapes[winner]) / 60:.1f} h |",
+        f"| the same with a copy of the file keeping only the variants to compare, two of them | "
+        f"{2 * (start + shapes[winner]) / 60:.1f} h |",
+    ]
+    return "\n".join(rows) + "\n"
 
 
 def kubernetes_image_problems(files: Mapping[str, str], image: str) -> list[str]:
@@ -554,6 +704,21 @@ def kubernetes_image_problems(files: Mapping[str, str], image: str) -> list[str]
                     f"{rel}: image {written} renders as {result}{untagged}, not glm5.toml's {image}: write "
                     f"`image: {entry.get('name')}`, the name {IMAGE_COMPONENT} rewrites"
                 )
+    return problems
+
+
+def image_component_problems(text: str) -> list[str]:
+    """k8s/components/image pins the image with the one line ci/render writes from glm5.toml (newTag, or digest for
+    NAME:TAG@sha256:...): a `digest:` or `newTag:` line added by hand would pin another image than glm5.toml names."""
+    problems = []
+    for number, line in enumerate(text.split("\n"), 1):
+        entry = IMAGE_ENTRY.match(line)
+        if entry and entry[1] in ("newTag", "digest") and MARKER not in line:
+            problems.append(
+                f"{IMAGE_COMPONENT}:{number}: `{line.strip()}` is not ci/render's: this file's pin is written from "
+                'entrypoint/glm5.toml\'s [deployment].image; to pin a digest write image = "NAME:TAG@sha256:<64 hex>" '
+                "there, delete this line and run ci/render"
+            )
     return problems
 
 
@@ -587,7 +752,9 @@ def render(root: Path) -> dict[str, str]:
     out[DASHBOARD_CONFIGMAP] = dashboard_configmap((root / DASHBOARD).read_text())
     out[ENV_EXAMPLE] = env_example(cfg)
     out[HOST_ENV_EXAMPLE] = host_env_example(cfg)
-    images = kubernetes_image_problems(kubernetes_files(root, out), found["image_kubernetes"])
+    images = image_component_problems(out[IMAGE_COMPONENT]) or kubernetes_image_problems(
+        kubernetes_files(root, out), found["image_kubernetes"]
+    )
     if images:
         raise RenderError("; ".join(images))
     blocks = readme_blocks(cfg)

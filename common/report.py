@@ -65,7 +65,7 @@ FAILURES: tuple[Failure, ...] = (
     Failure("wrong_answers", WRONG_ANSWERS, 213, False, "the start's verification failed twice on wrong answers (GLM5_VERIFY=enforce; verified.json names the items)", "README: Verification; GLM5_VERIFY=report serves anyway"),
     Failure("verify_inconclusive", VERIFY_INCONCLUSIVE, 214, False, "the start's verification was inconclusive twice: replies cut at the raised token bound, or HTTP errors and timeouts after the retries", "verified.json has each reply; the server log the errors"),
     Failure("degenerate_answers", DEGENERATE_ANSWERS, 215, False, "the start's verification failed twice with every answer empty or one token repeated: what NaN decode logits give, a fault of the attention backend on this box, not of an item", "GLM5_DSA_BACKEND=tilelang (the same fp8 cache), else GLM5_KV_CACHE_DTYPE=bf16 (tilelang, half the requests a replica holds: docs/reference.md Sizing); GLM5_DSA_BACKEND's doc cites the public reports"),
-    Failure("refused", INVALID_SETTING, INVALID_SETTING, False, "preflight refused the start: an invalid setting (3) or a problem with the box, the weights, FlashInfer or the flags (10-42, the first problem's code)", "the message names the setting and the fix"),
+    Failure("refused", INVALID_SETTING, INVALID_SETTING, False, "preflight refused the start: an invalid setting (3) or a problem with the box, the weights, FlashInfer or the flags (10-43, the first problem's code)", "the message names the setting and the fix"),
 )  # fmt: skip
 FAILURE = {f.kind: f for f in FAILURES}
 GIVE_UP_CODES = sorted({f.exit_code for f in FAILURES if f.kind != "refused"})
@@ -92,7 +92,7 @@ EXIT_CODES: tuple[tuple[str, str, str], ...] = (
     ("3", "a GLM5_* setting is invalid, unknown or removed; nothing was started (kernels/build: the CUDA toolkit or the memory is unfit; the healthcheck warns and judges with glm5.toml's value instead)", "entrypoint, launch, doctor, download, kernels/build, gateway/launch, ci/smoke, ci/bench, ci/eval"),
     ("4", "the server never became ready (failed start or timeout)", "ci/smoke"),
     ("5", "the compose service already has a container that the tool did not start: nothing was touched (use --url)", "ci/smoke, ci/bench --sweep"),
-    ("10-42", "preflight found a problem with the box, the weights, FlashInfer or the flags (first problem's code; 41: GLM5_SKIP_PREFLIGHT names an unknown check)", "entrypoint, launch --prepare, launch --dry-run (41)"),
+    ("10-43", "preflight found a problem with the box, the weights, FlashInfer or the flags (first problem's code; 41: GLM5_SKIP_PREFLIGHT names an unknown check)", "entrypoint, launch --prepare, launch --dry-run (41)"),
     ("30-36", "the weights are missing or incomplete, or lack what a setting needs (preflight's model check)", "download, launch --prepare"),
     exit_code_row(),
     ("127", "a program the tool needs is not installed: the server program (launch --serve); python3 3.11 or newer, or its venv module (the host-side tools)", "launch --serve, ci/render, ci/bench, ci/smoke, ci/eval, ci/setup-test-env, ci/test, doctor"),

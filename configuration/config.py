@@ -35,6 +35,7 @@ class Effective:
     env: dict[str, str]
     decode_sizes: list[int]
     prefill_sizes: list[int]
+    prefill_chunk: int  # a rank's prefill chunk, tokens a step (prefill_chunk())
     layout: layout.Layout
     overrides: dict[str, str] = field(default_factory=dict)
     # Options that must not be on any command line (the API key): written to the private server config file
@@ -246,10 +247,11 @@ def resolve(environ: Mapping[str, str], config: Mapping[str, Any] | None = None)
     env = {e["name"]: str(e["value"]).format(**values) for e in config["env"] if "value" in e}
     spec = values["speculative"] != "off"
     groups, tp = chosen.attn_dp_size, int(values["gpu_count"])
-    # The largest prefill shape: 0.5.23 caps it at min(8192, chunk) (srt/arg_groups/memory_hook.py:233-237), then under
-    # attention DP divides the chunk by the groups and re-clamps the shape list to that (parallel_hook.py:327-360):
-    # at D=4, 8192 -> 2048, 42 shapes. tests/test_launch.py holds this to 0.5.23's own resolution.
-    prefill_max = min(8192, int(flag_value(argv, "--chunked-prefill-size") or 8192) // groups)
+    # The largest prefill shape: 0.5.23 caps it at min(8192, chunk) (srt/arg_groups/memory_hook.py:233-237), the
+    # chunk a rank's (prefill_chunk). tests/test_launch.py holds this to 0.5.23's own resolution, and preflight holds
+    # each start to it (entrypoint/resolution.py).
+    chunk = prefill_chunk(argv, groups)
+    prefill_max = min(PREFILL_SHAPE_CAP, chunk)
     applied = {
         s.name: environ[s.name].strip()
         for s in decls.values()
@@ -263,6 +265,7 @@ def resolve(environ: Mapping[str, str], config: Mapping[str, Any] | None = None)
             values["cuda_graph_max_bs_decode"], spec, values["max_running_requests"], groups, tp
         ),
         prefill_capture_sizes(prefill_max, groups, tp),
+        chunk,
         chosen,
         applied,
         secret_options,
@@ -280,6 +283,16 @@ def build_id(home: str) -> str:
     except OSError:
         return "dev"
     return found if BUILD_ID_FORM.fullmatch(found) else "dev"
+
+
+PREFILL_SHAPE_CAP = 8192  # the largest prefill shape 0.5.23 captures (srt/arg_groups/memory_hook.py:233-237)
+
+
+def prefill_chunk(argv: list[str], attn_dp_size: int) -> int:
+    """A rank's prefill chunk: --chunked-prefill-size (0.5.23's default 8192 when unset), divided under attention DP
+    by the groups, to which 0.5.23 also re-clamps the prefill shapes (srt/arg_groups/parallel_hook.py:327-360): at
+    D=4, 8192 -> 2048, 42 shapes."""
+    return int(flag_value(argv, "--chunked-prefill-size") or 8192) // attn_dp_size
 
 
 def flag_value(argv: list[str], flag: str) -> str | None:

@@ -2,10 +2,13 @@
 
     entrypoint/doctor [--json] [--host] [--nccl] [--ipc] [--only NAME,...]
     docker compose run --rm glm5 doctor        (the same inside the image; in the pod: kubectl exec ... doctor)
-    sudo entrypoint/doctor --host              (on the host, from the kit's checkout: reads ACS with lspci as root)
+    entrypoint/doctor --host                   (on the host, from the kit's checkout, before the first build: adds
+                                                Docker Compose, the NVIDIA Container Toolkit, the weights' disk;
+                                                with sudo, lspci reads ACS too)
 
 Named checks, each `pass`, `warn`, `fail` or `unknown` (the data could not be read; never a crash) with a
-detail and a fix: gpus, mig, pcie_link, topology, p2p, iommu, acs, power, shm, kernels, and with --nccl
+detail and a fix: gpus, mig, pcie_link, topology, p2p, iommu, acs, power, shm, kernels, with --host compose,
+container_toolkit and weights_disk, and with --nccl
 nccl_allreduce (a real all-reduce over every GPU, about a minute), with --ipc pcie_ipc_allreduce (FlashInfer's
 PCIe-IPC all-reduce against NCCL's at the decode sizes, kept on the cache volume with the box's fingerprint: the
 start's all-reduce is decided from it, configuration/allreduce_choice.py). Preflight runs the fast ones: a fail
@@ -34,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from common.report import INVALID_SETTING, Log, Problem, Problems
-from configuration import allreduce_choice, settings, state
+from configuration import allreduce_choice, config, settings, state
 from configuration.config import build_id
 
 STATUSES = ("pass", "warn", "fail", "unknown")
@@ -140,8 +143,18 @@ UNINTERPRETED_FIX = (
 )
 
 
+# On the host there is no container runtime between the doctor and the driver: what is missing is the driver itself.
+HOST_DRIVER_FIX = (
+    "install the NVIDIA driver, R{min_driver_major} or newer, on the host so that `nvidia-smi` lists the "
+    "{gpu_count} GPUs (MIG off)"
+)
+HOST_UNREADABLE_FIX = "install the NVIDIA driver on the host (the gpus check names the version it needs)"
+
+
 def unreadable(name: str, what: str, box: Box, fix: str = "") -> Check:
     why = box.notes.get(what) or next((v for k, v in box.notes.items() if k.startswith(what)), "no output")
+    if not fix and box.host and what == "nvidia-smi":
+        fix = HOST_UNREADABLE_FIX
     return Check(
         name, "unknown", f"could not read {what}: {why}", fix or UNREADABLE_FIX.get(what, UNINTERPRETED_FIX)
     )
@@ -300,7 +313,9 @@ def check_gpus(box: Box, values: Mapping[str, Any]) -> Check:
             "gpus",
             "fail",
             box.notes.get("nvidia-smi") or next(iter(box.notes.values()), "nvidia-smi gave no output"),
-            "run with the NVIDIA runtime and all eight GPUs (compose device_ids 0-7; k8s nvidia.com/gpu: 8)",
+            HOST_DRIVER_FIX.format_map(values)
+            if box.host
+            else "run with the NVIDIA runtime and all eight GPUs (compose device_ids 0-7; k8s nvidia.com/gpu: 8)",
         )
     problems = gpu_problems(text, values, box.environ)
     if problems:
@@ -466,6 +481,15 @@ def check_p2p(box: Box) -> Check:
     return Check("p2p", "pass", "peer-to-peer read and write OK between every GPU pair")
 
 
+# The two known fixes for peer-to-peer redirected through the root complex (NVIDIA/nccl#2079; NCCL's troubleshooting,
+# docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html#pci-access-control-services-acs).
+ACS_FIXES = (
+    "either clear ACS on the root-complex and switch bridges above the GPUs at every boot, `sudo setpci -s BDF "
+    "ECAP_ACS+0x6.w=0000` for each bridge lspci shows with ACSCtl SrcValid+ (NCCL's troubleshooting guide), or add "
+    "pci=noacs to the kernel command line and reboot (NVIDIA/nccl#2079)"
+)
+
+
 def check_iommu(box: Box) -> Check:
     cmdline = box.read("/proc/cmdline")
     units = box.listdir("/sys/class/iommu")
@@ -487,7 +511,7 @@ def check_iommu(box: Box) -> Check:
         f"IOMMU on and translating ({' '.join(units or [])}; kernel command line without iommu=pt): GPU peer-to-peer "
         "is routed through it, and NCCL can hang at the first all-reduce (NVIDIA/nccl#2079)",
         "add iommu=pt to the kernel command line (GRUB_CMDLINE_LINUX, then update-grub and reboot), or turn "
-        "VT-d / AMD-Vi off in the BIOS",
+        "VT-d / AMD-Vi off in the BIOS; and ACS off: " + ACS_FIXES,
     )
 
 
@@ -508,8 +532,7 @@ def check_acs(box: Box) -> Check:
             f"ACS source validation/redirect on at {len(on)} PCIe bridge(s) ({', '.join(on[:4])}"
             f"{'...' if len(on) > 4 else ''}): peer-to-peer goes up to the root complex, and NCCL can hang "
             "(NVIDIA/nccl#2079)",
-            "turn ACS off in the BIOS (or for the GPUs' bridges with setpci at boot), or set NCCL_P2P_DISABLE=1 in "
-            "glm5.env at a bandwidth cost",
+            ACS_FIXES + "; until then NCCL_P2P_DISABLE=1 in glm5.env, at a bandwidth cost",
         )
     if denied:
         return Check(
@@ -623,11 +646,34 @@ def check_nccl(box: Box) -> Check:
     )
 
 
+def server_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """`environ` with what the server compiles and tunes under: glm5.toml's [[env]] (SGLANG_CACHE_DIR on the cache
+    volume, in this image build's folder; CUDA_HOME; the operator's own values win, as launch gives them), and
+    FlashInfer's workspace where SGLang 0.5.23 points it before the server imports FlashInfer (srt/environ.py
+    third_party_cache_defaults: FLASHINFER_WORKSPACE_BASE = SGLANG_CACHE_DIR). Under that base FlashInfer keeps its JIT
+    modules and the PCIe-IPC tune cache (flashinfer/jit/env.py, comm/pcie_ipc_tuning.py default_cache_path), so the
+    check's compile and tuning are the ones the server's first PCIe-IPC start finds."""
+    try:
+        server, _ = config.resolve(environ).server_env(environ)
+    except Problems:
+        return dict(
+            environ
+        )  # an invalid setting: the doctor already said so; the check runs in the plain one
+    env = dict(environ) | server
+    if "SGLANG_CACHE_DIR" in env:
+        env.setdefault("FLASHINFER_WORKSPACE_BASE", os.path.expanduser(env["SGLANG_CACHE_DIR"]))
+    return env
+
+
 def measure_pcie_ipc(box: Box) -> dict[str, Any]:
-    """`python3 -m entrypoint.allreduce --backend pcie_ipc --json`: its report, or one saying why there is none.
-    The workers' hang bound is 120 s; the first run also compiles the kernels (not prebuilt), hence the wider bound."""
+    """`python3 -m entrypoint.allreduce --backend pcie_ipc --json`, in the server's cache environment: its report, or
+    one saying why there is none. The workers' hang bound is 120 s; the first run also compiles the kernels (not
+    prebuilt), hence the wider bound."""
     kit = str(Path(__file__).resolve().parent.parent)
-    env = box.environ | {"PYTHONPATH": kit, "NCCL_NVLS_ENABLE": box.environ.get("NCCL_NVLS_ENABLE", "0")}
+    env = server_environment(box.environ) | {
+        "PYTHONPATH": kit,
+        "NCCL_NVLS_ENABLE": box.environ.get("NCCL_NVLS_ENABLE", "0"),
+    }
     argv = [
         sys.executable,
         "-m",
@@ -710,9 +756,92 @@ def check_pcie_ipc(box: Box, values: Mapping[str, Any], measure: Callable[[Box],
     return found
 
 
+COMPOSE_MIN = (2, 24)  # README: Needs (the compose file's `env_file: required: false`, `create_host_path`)
+TOOLKIT_HOOK = "nvidia-container-runtime-hook"  # what Docker looks for to register its "nvidia" device driver
+TOOLKIT_URL = "https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/install-guide.html"
+
+
+def check_compose(box: Box) -> Check:
+    """`docker compose version`: the Compose plugin the quick start runs, at the version its compose file needs."""
+    want = ".".join(map(str, COMPOSE_MIN))
+    text = box.command("docker", "compose", "version", "--short", timeout=20)
+    if text is None:
+        missing = "docker" in box.notes
+        return Check(
+            "compose",
+            "fail",
+            "docker is not installed here"
+            if missing
+            else "`docker compose version` failed: "
+            + (box.notes.get("docker compose version --short") or "no output").splitlines()[0],
+            f"install Docker Engine 25 or newer with its Compose plugin {want}+ (https://docs.docker.com/engine/install/)"
+            if missing
+            else f"install the Compose plugin {want}+ (docker-compose-plugin: https://docs.docker.com/compose/install/linux/)",
+        )
+    version = text.strip().removeprefix("v")
+    found = tuple(int(n) for n in re.findall(r"\d+", version)[:2])
+    if len(found) < 2 or found < COMPOSE_MIN:
+        return Check(
+            "compose",
+            "fail",
+            f"Docker Compose {version}: the kit's compose file needs {want} or newer",
+            f"upgrade the Compose plugin to {want}+ (https://docs.docker.com/compose/install/linux/)",
+        )
+    return Check("compose", "pass", f"Docker Compose {version}")
+
+
+def check_container_toolkit(box: Box) -> Check:
+    """The NVIDIA Container Toolkit: without its hook on PATH Docker registers no "nvidia" device driver, and the
+    compose file's GPU request fails (moby/moby daemon/nvidia_linux.go)."""
+    hook = shutil.which(TOOLKIT_HOOK, path=box.environ.get("PATH"))
+    if hook is None:
+        return Check(
+            "container_toolkit",
+            "fail",
+            f"the NVIDIA Container Toolkit is not installed ({TOOLKIT_HOOK} is not on PATH): Docker then has no "
+            '"nvidia" device driver, and `docker compose up` fails with `could not select device driver "nvidia" '
+            "with capabilities: [[gpu]]`",
+            f"install it ({TOOLKIT_URL}), then `sudo nvidia-ctk runtime configure --runtime=docker && sudo systemctl "
+            "restart docker`",
+        )
+    version = (box.command("nvidia-ctk", "--version", timeout=20) or "").strip().splitlines()
+    return Check("container_toolkit", "pass", f"{hook}" + (f" ({version[0]})" if version else ""))
+
+
+def check_weights_disk(box: Box, values: Mapping[str, Any]) -> Check:
+    """GLM5_MODEL_HOST_DIR (.env or the shell, as compose reads it): room for the weights where they will be."""
+    folder = Path(values["model_host_dir"])
+    if not folder.is_absolute():
+        folder = KIT / folder  # compose reads it relative to the compose file, the kit's folder
+    need = values["weights_gb"] * 10**9
+    held = (
+        sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
+        if folder.is_dir()
+        else 0
+    )
+    near = next(p for p in (folder, *folder.parents) if p.exists())
+    free = shutil.disk_usage(near).free
+    state_of = "holds" if folder.is_dir() else "does not exist yet (quick start step 1 makes it);"
+    detail = (
+        f"GLM5_MODEL_HOST_DIR {folder} {state_of} {held / 1e9:.0f} GB of the {values['weights_gb']} GB of weights; "
+        f"{free / 1e9:.0f} GB free at {near}"
+    )
+    if held + free < need:
+        return Check(
+            "weights_disk",
+            "fail",
+            detail + f": {(need - held - free) / 1e9:.0f} GB short",
+            "point GLM5_MODEL_HOST_DIR in .env at a disk with room for the weights, or free that much",
+        )
+    return Check("weights_disk", "pass", detail)
+
+
 IPC_BOUND_SECONDS = 900  # the kernels' first compile (minutes) and the workers' 120 s
 FAST = ("gpus", "mig", "pcie_link", "topology", "p2p", "iommu", "acs", "power", "shm", "kernels")
-ALL = (*FAST, "nccl_allreduce", "pcie_ipc_allreduce")
+# --host alone: what the quick start needs before anything is built
+HOST = ("compose", "container_toolkit", "weights_disk")
+ALL = (*FAST, *HOST, "nccl_allreduce", "pcie_ipc_allreduce")
+KIT = Path(__file__).resolve().parent.parent
 
 
 def checks_for(values: Mapping[str, Any]) -> dict[str, Callable[[Box], Check]]:
@@ -727,6 +856,9 @@ def checks_for(values: Mapping[str, Any]) -> dict[str, Callable[[Box], Check]]:
         "power": check_power,
         "shm": lambda box: check_shm(box, values),
         "kernels": lambda box: check_kernels(box, values),
+        "compose": check_compose,
+        "container_toolkit": check_container_toolkit,
+        "weights_disk": lambda box: check_weights_disk(box, values),
         "nccl_allreduce": check_nccl,
         "pcie_ipc_allreduce": lambda box: check_pcie_ipc(box, values, measure_pcie_ipc),
     }
@@ -763,15 +895,20 @@ def line(c: Check) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="entrypoint/doctor", description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help='print {"checks": [...], "ok": ...}')
-    parser.add_argument("--host", action="store_true", help="on the host, as root: lspci reads ACS")
+    parser.add_argument(
+        "--host",
+        action="store_true",
+        help="on the host, before anything is built: also Docker Compose, the NVIDIA Container Toolkit and the "
+        "weights' disk (as root, lspci reads ACS too)",
+    )
     parser.add_argument(
         "--nccl", action="store_true", help="also run a real all-reduce over every GPU (~1 min)"
     )
     parser.add_argument(
         "--ipc",
         action="store_true",
-        help="also check FlashInfer's PCIe-IPC all-reduce against NCCL, kept on the cache volume (minutes the "
-        "first time: its kernels compile)",
+        help="also check FlashInfer's PCIe-IPC all-reduce against NCCL, with the server stopped, kept on the cache "
+        "volume (minutes the first time: its kernels compile and tune there, where the server reads them)",
     )
     parser.add_argument("--only", help=f"comma list of checks ({', '.join(ALL)})")
     parser.add_argument(
@@ -781,14 +918,17 @@ def main(argv: list[str] | None = None) -> int:
         help="read /proc, /sys and /dev/shm under this folder (recorded boxes)",
     )
     args = parser.parse_args(argv)
-    names = FAST + (("nccl_allreduce",) if args.nccl else ()) + (("pcie_ipc_allreduce",) if args.ipc else ())
+    names = FAST + (HOST if args.host else ())
+    names += (("nccl_allreduce",) if args.nccl else ()) + (("pcie_ipc_allreduce",) if args.ipc else ())
     if args.only:
         names = tuple(n.strip() for n in args.only.split(",") if n.strip())
         unknown = [n for n in names if n not in ALL]
         if unknown:
             parser.error(f"--only: unknown check(s) {', '.join(unknown)}; use {', '.join(ALL)}")
     try:
-        values = settings.resolve(os.environ, where="ci" if args.host else "container")
+        # on the host the settings compose reads too: the kit's .env, then the shell (GLM5_MODEL_HOST_DIR)
+        environ = settings.host_environment(os.environ, KIT) if args.host else os.environ
+        values = settings.resolve(environ, where="ci" if args.host else "container")
     except Problems as err:
         Log("doctor").problems(err.problems)
         return INVALID_SETTING

@@ -6,7 +6,7 @@
 #   entrypoint.sh doctor     inspect the box: GPUs, MIG, PCIe links, topology, P2P, IOMMU, ACS, power (entrypoint/doctor)
 #   entrypoint.sh CMD ...    run CMD instead (e.g. entrypoint/launch --dry-run, bash)
 # Exit codes (common/report.py): 2 arguments after serve, 3 when not even glm5.toml's state and log folders can be
-# used; else, once stopped, the recorded failure's (3 invalid setting, 10-42 preflight, 70-76 a start the kit gave up
+# used; else, once stopped, the recorded failure's (3 invalid setting, 10-43 preflight, 70-76 a start the kit gave up
 # on, one per failure kind: common/report.py FAILURES) or 0. After a failure supervisord and the exporter keep running
 # until stopped (GLM5_ON_FAILURE=wait, the default).
 set -Eeuo pipefail

@@ -9,7 +9,7 @@
 
     entrypoint/launch --state-path NAME   print the path of a state file (configuration/state.py)
 
-Exit codes (common/report.py): 0 ok, 2 usage, 3 invalid setting, 10-42 preflight, 127 no server program.
+Exit codes (common/report.py): 0 ok, 2 usage, 3 invalid setting, 10-43 preflight, 127 no server program.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any
 
 from common.report import FAILED, INVALID_SETTING, NO_SERVER_PROGRAM, Log, Problems
 from configuration import allreduce_choice, compile_jobs, config, settings, state
-from entrypoint import preflight, relay
+from entrypoint import preflight, relay, resolution
 
 LOG = Log("glm5-serve")
 KIT_ROOT = str(Path(__file__).resolve().parent.parent)
@@ -152,7 +152,13 @@ def prepare(effective: config.Effective) -> int:
     values = effective.values
     warnings: list[dict[str, str]] = []
     problems = preflight.run(
-        values, os.environ, LOG, effective.public_argv()[len(config.SERVER_PROGRAM) :], warnings=warnings
+        values,
+        os.environ,
+        LOG,
+        effective.public_argv()[len(config.SERVER_PROGRAM) :],
+        warnings=warnings,
+        server_environ=server_env(os.environ, effective.server_env(os.environ)[0]),
+        expected=resolution.Captures.expected(effective),
     )
     state.write_doctor(values["state_dir"], warnings)
     checks = settings.declarations()["GLM5_SKIP_PREFLIGHT"].choices

@@ -1,4 +1,5 @@
-"""Checks run before anything expensive: GPUs, shared memory, the model folder, FlashInfer.
+"""Checks run before anything expensive: GPUs, shared memory, the model folder, FlashInfer, the server flags (SGLang's
+own resolution of them, and what it settles against what the kit expects: entrypoint/resolution.py).
 
 Each failure is a Problem with its own exit code and a message that names the setting and the
 fix. All findings are collected; the process exits with the code of the first one.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -16,12 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from common.report import INVALID_SETTING, Log, Problem
-from entrypoint import doctor
+from configuration import config
+from entrypoint import doctor, resolution
 
 VERIFY = Path(__file__).resolve().parent.parent / "patches" / "verify"  # the thin executable
 ARCHITECTURE = "GlmMoeDsaForCausalLM"
-# stand-alone: run by the server's Python
-RESOLVE_FLAGS = Path(__file__).resolve().parent / "resolve_flags.py"
 
 # the doctor's fast checks run here
 DOCTOR_CHECKS = (
@@ -44,6 +45,9 @@ MODEL_MTP = 36  # GLM5_SPECULATIVE=mtp, but the checkpoint has no MTP layer
 FLASHINFER = 40
 SKIP_SETTING = 41  # GLM5_SKIP_PREFLIGHT malformed (glm5.toml: its `code`)
 SERVER_FLAGS = 42
+# SGLang's resolution settles a rank's captures (chunk, prefill shapes, decode batches) otherwise than the kit
+# expects, or what it settled cannot be read
+SERVER_CAPTURES = 43
 # Every code preflight (launch --prepare) exits with, the first problem's: (codes, what, the fix its message names).
 # docs/reference.md's table is rendered from this by ci/render ({NAME}: a value of ci/render.values()), and
 # tests/test_preflight.py checks that it holds each exit code of this module and the doctor's, once.
@@ -71,6 +75,10 @@ EXIT_CODES: tuple[tuple[tuple[int, ...], str, str], ...] = (
     ((SERVER_FLAGS,), "sglang refuses the server flags: its parser, or its own argument resolution with the model's "
      "config.json (`resolve_once`, `check_server_args`; `entrypoint/resolve_flags.py`); or sglang cannot be "
      "imported (an incomplete image)", "sglang's reason, naming `GLM5_EXTRA_ARGS` only when it is set"),
+    ((SERVER_CAPTURES,), "sglang's resolution of the server flags settles a rank's prefill chunk, prefill shapes or "
+     "decode batches otherwise than the kit expects (the counts the healthcheck waits for), or what it settled cannot "
+     "be read (`entrypoint/resolution.py`)", "the setting that shapes the list; the kit's expectation "
+     "(configuration/config.py) must follow sglang's"),
 )  # fmt: skip
 
 
@@ -268,52 +276,104 @@ def verify_setting(check: str) -> str:
 
 
 def check_flags(
-    server_args: list[str], python: str = sys.executable, extra_args: Sequence[str] = ()
+    server_args: list[str],
+    python: str | None = None,
+    extra_args: Sequence[str] = (),
+    environ: Mapping[str, str] | None = None,
+    expected: resolution.Captures | None = None,
 ) -> list[Problem]:
     """Parse and resolve the server flags with sglang's own code, as the server will before it loads anything
-    (entrypoint/resolve_flags.py: argparse, resolve_once with the model's config, check_server_args). A refusal
-    names GLM5_EXTRA_ARGS only when it is set; sglang that cannot be imported is the image's fault."""
-    setting = "GLM5_EXTRA_ARGS" if extra_args else "the server flags (entrypoint/glm5.toml, GLM5_* settings)"
-    env = dict(os.environ) | {"HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
-    try:
-        done = subprocess.run(
-            [python, str(RESOLVE_FLAGS), *server_args],
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=300,
-            env=env,
-        )
-    except (OSError, subprocess.TimeoutExpired) as err:
-        return [
-            Problem(
-                setting,
-                f"resolving the server flags did not finish: {err}",
-                "retry",
-                code=SERVER_FLAGS,
-            )
-        ]
-    if done.returncode == 0:
+    (entrypoint/resolution.py: argparse, resolve_once with the model's config, check_server_args), run by `python`
+    (default the server's, server_python) in `environ` (the server's; default this process's)."""
+    env = os.environ if environ is None else environ
+    python = python or server_python(env)
+    return judge(resolution.resolve(server_args, python, env), server_args, python, extra_args, expected)
+
+
+def server_python(environ: Mapping[str, str]) -> str:
+    """The server program's Python: `python3` on the server's PATH (in the image /opt/venv/bin/python3, which runs the
+    kit too), else this one."""
+    return shutil.which(config.SERVER_PROGRAM[0], path=environ.get("PATH")) or sys.executable
+
+
+def judge(
+    found: resolution.Resolved | resolution.Failed,
+    server_args: list[str],
+    python: str,
+    extra_args: Sequence[str] = (),
+    expected: resolution.Captures | None = None,
+) -> list[Problem]:
+    """The problems of a resolution's answer. A refusal names GLM5_EXTRA_ARGS only when it is set; sglang that cannot
+    be imported is the image's fault. With `expected` (the kit's, launch --prepare's), what the resolution settles for a
+    rank's captures must be it: the healthcheck waits for the kit's counts, after the weights load."""
+    if isinstance(found, resolution.Failed):
+        return [failed_problem(found, python, extra_args)]
+    if expected is None:
         return []
-    lines = [ln for ln in done.stderr.strip().splitlines() if ln.strip() and not ln.startswith("[")]
-    last = (lines or ["(no output)"])[-1]
-    if last.startswith(("ModuleNotFoundError", "ImportError")):
-        return [
-            Problem(
-                "the image",
-                f"sglang's argument parser cannot be imported by {python}: {last}",
-                "the image is incomplete: rebuild it (ci/build-image checks it), or report it with a support bundle",
-                code=SERVER_FLAGS,
-            )
-        ]
-    fix = "fix or remove the flag" if extra_args else "fix the setting or the [[flag]] it names"
     return [
-        Problem(
+        capture_problem(difference, server_args)
+        for difference in resolution.differences(expected, found.captures)
+    ]
+
+
+def failed_problem(found: resolution.Failed, python: str, extra_args: Sequence[str]) -> Problem:
+    """The problem of a resolution that gave no answer: sglang refused the flags, could not be imported or run, or
+    settled something the kit cannot read."""
+    setting = "GLM5_EXTRA_ARGS" if extra_args else "the server flags (entrypoint/glm5.toml, GLM5_* settings)"
+    if found.kind == "not_run":
+        return Problem(
             setting,
-            f"sglang refused the server flags: {last}; {fix} (entrypoint/launch --dry-run shows the command)",
+            f"resolving the server flags did not finish: {found.reason}",
+            "retry; when it repeats, the reason names the cause (the image's Python missing, or killed: the "
+            "container's memory)",
             code=SERVER_FLAGS,
         )
-    ]
+    if found.reason.startswith(("ModuleNotFoundError", "ImportError")):
+        return Problem(
+            "the image",
+            f"sglang's argument parser cannot be imported by {python}: {found.reason}",
+            "the image is incomplete: rebuild it (ci/build-image checks it), or report it with a support bundle",
+            code=SERVER_FLAGS,
+        )
+    if found.kind == "unreadable":
+        return Problem(
+            "the server flags (entrypoint/glm5.toml, GLM5_* settings)",
+            f"sglang resolved them, but what it settles for the CUDA graph captures cannot be read: {found.reason}",
+            "report it with a support bundle; GLM5_SKIP_PREFLIGHT=flags starts without the check (logged)",
+            code=SERVER_CAPTURES,
+        )
+    fix = "fix or remove the flag" if extra_args else "fix the setting or the [[flag]] it names"
+    return Problem(
+        setting,
+        f"sglang refused the server flags: {found.reason}; {fix} (entrypoint/launch --dry-run shows the command)",
+        code=SERVER_FLAGS,
+    )
+
+
+def capture_problem(difference: resolution.Difference, server_args: list[str]) -> Problem:
+    """One value sglang's resolution settles otherwise than the kit expects, named by the setting that shapes it."""
+    groups = int(config.flag_value(server_args, "--attn-dp-size") or 1)
+    chunk = config.flag_value(server_args, "--chunked-prefill-size") or "8192 (sglang's default)"
+    if difference.what == "decode batches":
+        setting = "GLM5_CUDA_GRAPH_MAX_BS_DECODE"
+        shaped = (
+            f"--cuda-graph-max-bs-decode {config.flag_value(server_args, '--cuda-graph-max-bs-decode')}, "
+            f"--max-running-requests {config.flag_value(server_args, '--max-running-requests') or '(unset)'}"
+        )
+    else:
+        setting = "GLM5_PROFILE" if groups > 1 else "--chunked-prefill-size (entrypoint/glm5.toml [[flag]])"
+        shaped = f"--chunked-prefill-size {chunk}"
+    shaped += f", --attn-dp-size {groups}" if groups > 1 else ", TP attention"
+    return Problem(
+        setting,
+        f"sglang 0.5.23 resolves a rank's {difference.what} to {resolution.shown(difference.resolved)}, the kit expects "
+        f"{resolution.shown(difference.expected)} ({shaped}): the healthcheck would judge the start's capture by the "
+        "kit's figure, after the weights load",
+        "another GLM5_PROFILE or GLM5_ATTN_DP_SIZE, or the setting's default; the kit's expectation "
+        "(configuration/config.py) must follow sglang's: report it with this message. GLM5_SKIP_PREFLIGHT=flags with "
+        "GLM5_ACCEPT_PARTIAL_CAPTURE=1 starts anyway (logged)",
+        code=SERVER_CAPTURES,
+    )
 
 
 def doctor_findings(
@@ -338,9 +398,12 @@ def run(
     gpu_csv: str | None = None,
     shm: Path = Path("/dev/shm"),
     warnings: list[dict[str, str]] | None = None,
+    server_environ: Mapping[str, str] | None = None,
+    expected: resolution.Captures | None = None,
 ) -> list[Problem]:
     """Every check not in GLM5_SKIP_PREFLIGHT (values["skip_preflight"]); all problems, collected. The doctor's
-    warnings are logged and appended to `warnings` (launch records them in launch.json)."""
+    warnings are logged and appended to `warnings` (launch records them in launch.json). The flags are resolved in
+    `server_environ` (the server's; default `environ`), and what the resolution settles is held to `expected`."""
     skip: set[str] = values["skip_preflight"]
     problems: list[Problem] = []
     for name in sorted(skip):
@@ -359,5 +422,10 @@ def run(
     if "flashinfer" not in skip:
         problems += check_flashinfer()
     if "flags" not in skip:
-        problems += check_flags(server_args, extra_args=values["extra_args"])
+        problems += check_flags(
+            server_args,
+            extra_args=values["extra_args"],
+            environ=environ if server_environ is None else server_environ,
+            expected=expected,
+        )
     return problems

@@ -8,13 +8,15 @@ import json
 import os
 import pty
 import subprocess
+import sys
 import tarfile
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from configuration import settings
+from configuration import config, settings
 from conftest import ROOT, kit_env
 from entrypoint import doctor
 from kernels.modules import load
@@ -443,3 +445,142 @@ def test_the_bundle_records_the_version_and_the_digest_when_known() -> None:
     assert (known["version"], known["digest"]) == (version, digest) and "digest_unknown" not in known
     unknown = json.loads(bundle.image_identity({}))
     assert unknown["digest"] is None and "docker image inspect" in unknown["digest_unknown"]
+
+
+def host_doctor(tmp_path: Path, *tools: tuple[str, str]) -> tuple[int, dict[str, dict[str, str]], float]:
+    """`entrypoint/doctor --host --json` as the quick start's first step runs it, on this CPU machine: PATH holds only
+    the system's programs and the stand-ins given as (name, shell body); the weights folder is one that is not there."""
+    bin_dir = tmp_path / "host-bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name, body in tools:
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    env = kit_env(GLM5_MODEL_HOST_DIR=str(tmp_path / "models" / "GLM-5-NVFP4")) | {
+        "PATH": f"{bin_dir}:/usr/bin:/bin"
+    }
+    began = time.monotonic()
+    done = subprocess.run(
+        [str(ROOT / "entrypoint" / "doctor"), "--host", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    took = time.monotonic() - began
+    assert done.stdout, done.stderr
+    return done.returncode, by_name(json.loads(done.stdout)), took
+
+
+def test_the_host_check_refuses_a_cpu_machine_in_seconds_naming_each_missing_part(tmp_path: Path) -> None:
+    """The quick start's first step on this machine (no GPU, no driver, no Docker, no container toolkit): exit 1 in
+    seconds, each missing part a failure with its fix, before anything is built."""
+    code, checks, took = host_doctor(tmp_path)
+    assert code == 1 and took < 10, took
+    assert (
+        checks["gpus"]["status"] == "fail" and "nvidia-smi is not installed here" in checks["gpus"]["detail"]
+    )
+    assert "install the NVIDIA driver, R580 or newer, on the host" in checks["gpus"]["fix"]
+    assert "container has no working GPU runtime" not in json.dumps(checks)  # the host has no container
+    assert checks["compose"] == {
+        "name": "compose",
+        "status": "fail",
+        "detail": "docker is not installed here",
+        "fix": "install Docker Engine 25 or newer with its Compose plugin 2.24+ (https://docs.docker.com/engine/install/)",
+    }
+    toolkit = checks["container_toolkit"]
+    assert toolkit["status"] == "fail" and "nvidia-container-runtime-hook is not on PATH" in toolkit["detail"]
+    assert 'could not select device driver "nvidia" with capabilities: [[gpu]]' in toolkit["detail"]
+    assert "container-toolkit/latest/install-guide.html" in toolkit["fix"]
+    weights = checks["weights_disk"]
+    assert f"{tmp_path / 'models' / 'GLM-5-NVFP4'} does not exist yet" in weights["detail"]
+
+
+def test_the_host_check_reads_the_compose_version_and_the_toolkit(tmp_path: Path) -> None:
+    old = ("docker", '[ "$*" = "compose version --short" ] && echo v2.20.3')
+    code, checks, _ = host_doctor(tmp_path, old)
+    assert checks["compose"]["status"] == "fail" and code == 1
+    assert checks["compose"]["detail"] == "Docker Compose 2.20.3: the kit's compose file needs 2.24 or newer"
+    new = ("docker", '[ "$*" = "compose version --short" ] && echo 2.29.1')
+    hook = ("nvidia-container-runtime-hook", "exit 0")
+    ctk = ("nvidia-ctk", "echo 'NVIDIA Container Toolkit CLI version 1.17.8'")
+    _, checks, _ = host_doctor(tmp_path, new, hook, ctk)
+    assert checks["compose"] == {
+        "name": "compose",
+        "status": "pass",
+        "detail": "Docker Compose 2.29.1",
+        "fix": "",
+    }
+    assert checks["container_toolkit"]["status"] == "pass"
+    assert "(NVIDIA Container Toolkit CLI version 1.17.8)" in checks["container_toolkit"]["detail"]
+
+
+def test_the_weights_disk_fails_short_of_the_weights_and_passes_with_them(tmp_path: Path) -> None:
+    box = doctor.Box(environ={"PATH": "/usr/bin:/bin"}, host=True)
+    folder = tmp_path / "weights"
+    short = doctor.check_weights_disk(box, {"model_host_dir": str(folder), "weights_gb": 10**9})
+    assert short.status == "fail" and "GB short" in short.detail and "GLM5_MODEL_HOST_DIR" in short.fix
+    folder.mkdir()
+    (folder / "model-00001.safetensors").write_bytes(b"x" * 2_000_000)
+    held = doctor.check_weights_disk(box, {"model_host_dir": str(folder), "weights_gb": 0})
+    assert held.status == "pass" and "holds 0 GB of the 0 GB" in held.detail
+
+
+def test_acs_and_iommu_warnings_name_both_known_fixes(tmp_path: Path) -> None:
+    lspci = FIX / "lspci-pex890xx-switch-port-above-rtx-pro-6000-acs-on.txt"
+    _, report = run_doctor(
+        tmp_path, gpus(), GOOD_FILES, lspci=lspci, cmdline="BOOT_IMAGE=/vmlinuz intel_iommu=on\n"
+    )
+    checks = by_name(report)
+    for name in ("acs", "iommu"):
+        assert checks[name]["status"] == "warn"
+        fix = checks[name]["fix"]
+        assert "sudo setpci -s BDF ECAP_ACS+0x6.w=0000" in fix and "root-complex" in fix, fix
+        assert "pci=noacs" in fix and "NVIDIA/nccl#2079" in fix, fix
+
+
+def test_the_ipc_check_compiles_and_tunes_where_the_server_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`doctor --ipc` runs its all-reduce in the server's cache environment: FlashInfer's own resolution (its JIT
+    folder and the PCIe-IPC tune cache), read in a process given that environment, lands under the SGLANG_CACHE_DIR
+    the server gets (the cache volume, this image build's folder), not under HOME, a tmpfs gone with the container."""
+    seen: dict[str, str] = {}
+
+    def fake_run(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        seen.update(kwargs["env"])
+        return subprocess.CompletedProcess(
+            argv, 0, stdout='{"ok": false, "error": "no GPU here"}\n', stderr=""
+        )
+
+    cache = tmp_path / "cache"
+    environ = kit_env(GLM5_CACHE_DIR=str(cache)) | {"HOME": str(tmp_path / "home")}
+    monkeypatch.setattr(doctor.subprocess, "run", fake_run)
+    assert doctor.measure_pcie_ipc(doctor.Box(environ)) == {"ok": False, "error": "no GPU here"}
+    monkeypatch.undo()
+    server = config.resolve(environ).server_env(environ)[0]["SGLANG_CACHE_DIR"]
+    assert server.startswith(f"{cache}/build-") and seen.get("SGLANG_CACHE_DIR") == server, seen.get(
+        "SGLANG_CACHE_DIR"
+    )
+    probe = "\n".join(
+        [
+            "import pathlib, sys, types",
+            "import flashinfer",
+            "from flashinfer.jit import env",
+            # flashinfer.comm's __init__ needs cuda-python (no GPU here): its tuning module alone does not
+            "comm = types.ModuleType('flashinfer.comm')",
+            "comm.__path__ = [str(pathlib.Path(flashinfer.__file__).parent / 'comm')]",
+            "sys.modules['flashinfer.comm'] = comm",
+            "from flashinfer.comm.pcie_ipc_tuning import default_cache_path",
+            "print(env.FLASHINFER_CACHE_DIR)",
+            "print(default_cache_path(8))",
+        ]
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=seen, capture_output=True, text=True, check=True, timeout=120
+    )
+    jit_dir, tune_cache = done.stdout.split()
+    assert jit_dir == f"{server}/.cache/flashinfer", done.stdout
+    assert tune_cache.startswith(f"{server}/"), done.stdout
+    # the operator's own FLASHINFER_WORKSPACE_BASE wins, as it does for the server (SGLang only sets a default)
+    mine = doctor.server_environment(environ | {"FLASHINFER_WORKSPACE_BASE": "/elsewhere"})
+    assert mine["FLASHINFER_WORKSPACE_BASE"] == "/elsewhere"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -16,9 +17,9 @@ from typing import Any
 import pytest
 
 from common.report import Log, Problems
-from configuration import config, settings
+from configuration import config, settings, state
 from conftest import ROOT, copy_sglang, kit_env
-from entrypoint import doctor, preflight, weights
+from entrypoint import doctor, launch, preflight, resolution, weights
 from helpers.sandbox import NEEDS_BWRAP, sandbox
 from helpers.unprivileged import reachable_copy
 
@@ -227,59 +228,286 @@ def test_flashinfer_check_uses_patches_verify(
     assert all("run patches/apply" in f.message for f in sglang)
 
 
-# torch 2.14.1 with transformers and triton, as the image
-BENCH_PYTHON = ROOT / ".venv-bench" / "bin" / "python"
-GLM5_CONFIG = ROOT / "tests" / "fixtures" / "glm5-config"
+# SGLang 0.5.23 with its full dependencies, run on a CPU (tests/stubs/sglang_cpu: triton stubbed, SGLANG_USE_CPU_ENGINE)
+SGLANG_CPU_PYTHON = ROOT / ".venv-sglang-cpu" / "bin" / "python"
+SGLANG_CPU_ENV = {"PYTHONPATH": str(ROOT / "tests" / "stubs" / "sglang_cpu"), "SGLANG_USE_CPU_ENGINE": "1"}
+GLM5_CONFIG = (
+    ROOT / "tests" / "fixtures" / "glm5-config"
+)  # the checkpoint's config.json and hf_quant_config.json
+LATENCY: dict[str, str] = {}
+THROUGHPUT_D4 = {"GLM5_PROFILE": "throughput", "GLM5_ATTN_DP_SIZE": "4"}
+
+
+def effective_of(env: dict[str, str]) -> config.Effective:
+    """A start's configuration with the checkpoint's config as the model folder."""
+    return config.resolve({"GLM5_MODEL_DIR": str(GLM5_CONFIG), **env})
+
+
+def server_args_of(effective: config.Effective) -> list[str]:
+    return effective.public_argv()[len(config.SERVER_PROGRAM) :]
 
 
 # entrypoint/resolve_flags.py's main once for each argv, in one process: sglang is imported once, not once an argv
-# (about 9 CPU-seconds each). Each result: its exit code and what it wrote to stderr.
+# (about 6-11 CPU-seconds; each further resolution about 0.1 s). Each result: its exit code and what it printed, which
+# resolution.answer reads as it reads the runner's process.
 EACH_ARGV = """
 import contextlib, io, json, sys
 sys.path.insert(0, sys.argv[1])
 import resolve_flags
 results = []
 for argv in json.loads(sys.argv[2]):
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             code = resolve_flags.main(argv)
         except SystemExit as exit:  # argparse's own refusal
             code = exit.code
-    results.append({"code": code, "stderr": err.getvalue()})
-print(json.dumps(results))
+    results.append({"code": code, "stdout": out.getvalue(), "stderr": err.getvalue()})
+print("EACH-ARGV " + json.dumps(results))
 """
+REFUSED_EXTRA = ["--retraction-policy", "priority"]  # check_server_args refuses it
+LAYERS = [
+    (["--no-such-flag"], "usage", "unrecognized arguments: --no-such-flag"),  # argparse
+    (["--context-length", "999999999"], "refused", "is greater than the derived context_length (202752)"),
+]
 
 
-@pytest.mark.skipif(not BENCH_PYTHON.exists(), reason="ci/setup-test-env bench makes .venv-bench")
+@pytest.fixture(scope="module")
+def sglang_answers() -> dict[str, resolution.Resolved | resolution.Failed]:
+    """The real SGLang 0.5.23's answers, by the runner preflight runs, in the server's environment as launch --prepare
+    gives it (launch.server_env): the latency profile, the throughput profile at D=4, and three refusals, one from each
+    layer (check_server_args, argparse, resolve_once)."""
+    if not SGLANG_CPU_PYTHON.exists():
+        pytest.skip("ci/setup-test-env makes .venv-sglang-cpu")
+    latency, throughput = effective_of(LATENCY), effective_of(THROUGHPUT_D4)
+    argvs = {
+        "latency": server_args_of(latency),
+        "throughput": server_args_of(throughput),
+        "extra": [*server_args_of(latency), *REFUSED_EXTRA],
+        **{layer: [*server_args_of(latency), *extra] for extra, layer, _ in LAYERS},
+    }
+    environ = dict(os.environ) | SGLANG_CPU_ENV
+    env = resolution.runner_env(launch.server_env(environ, latency.server_env(environ)[0]))
+    done = subprocess.run(
+        [str(SGLANG_CPU_PYTHON), "-c", EACH_ARGV, str(ROOT / "entrypoint"),
+         json.dumps([["--kv-tokens", str(resolution.KV_TOKENS), *argv] for argv in argvs.values()])],
+        capture_output=True, text=True, check=False, timeout=300, env=env,
+    )  # fmt: skip
+    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("EACH-ARGV ")), None)
+    assert line is not None, done.stderr[-3000:]
+    results = json.loads(line.removeprefix("EACH-ARGV "))
+    return {
+        name: resolution.answer(r["code"], r["stdout"], r["stderr"])
+        for name, r in zip(argvs, results, strict=True)
+    }
+
+
+@pytest.mark.xdist_group("sglang_resolution_preflight")  # the module's one resolution process, on one worker
 @pytest.mark.boots
-def test_server_flags_go_through_sglangs_own_resolution() -> None:
+def test_the_kit_expects_what_sglangs_resolution_settles(
+    sglang_answers: dict[str, resolution.Resolved | resolution.Failed],
+) -> None:
+    """Issue 52: what a rank captures is SGLang's to settle, and the healthcheck waits for the kit's counts after the
+    weights load. Preflight holds the kit's expectation to 0.5.23's own resolution of the start's flags (the prefill
+    chunk and shapes from the resolved record, the decode batches by 0.5.23's capture function on it): the latency
+    profile and the throughput profile at D=4 agree (2564857: 42 prefill shapes at D=4, not 58)."""
+    figures = {"latency": (8192, 58, 52), "throughput": (2048, 42, 51)}
+    for name, env in (("latency", LATENCY), ("throughput", THROUGHPUT_D4)):
+        effective, found = effective_of(env), sglang_answers[name]
+        assert isinstance(found, resolution.Resolved), found
+        captures = found.captures
+        assert (captures.chunk, len(captures.prefill), len(captures.decode)) == figures[name]
+        expected = resolution.Captures.expected(effective)
+        assert preflight.judge(found, server_args_of(effective), "python3", (), expected) == [], name
+
+
+@pytest.mark.xdist_group("sglang_resolution_preflight")
+@pytest.mark.boots
+def test_an_expectation_sglang_does_not_settle_refuses_the_start_naming_the_setting(
+    sglang_answers: dict[str, resolution.Resolved | resolution.Failed], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The arithmetic before 2564857 (the chunk not divided by the attention-DP size: 58 prefill shapes at D=4), put
+    back: SGLang's answer for D=4 refuses the start, each value with its own problem naming the setting, before the
+    weights load. A decode expectation SGLang does not settle (the latency profile's list at D=4) names its setting."""
+    found = sglang_answers["throughput"]
+    monkeypatch.setattr(config, "prefill_chunk", lambda argv, attn_dp_size: 8192)
+    effective = effective_of(THROUGHPUT_D4)
+    problems = preflight.judge(
+        found, server_args_of(effective), "python3", (), resolution.Captures.expected(effective)
+    )
+    assert [(p.code, p.setting) for p in problems] == [(preflight.SERVER_CAPTURES, "GLM5_PROFILE")] * 2
+    chunk, shapes = (str(p) for p in problems)
+    assert "sglang 0.5.23 resolves a rank's prefill chunk to 2048, the kit expects 8192" in chunk
+    assert "prefill shapes to 42 (4..2048), the kit expects 58 (4..8192)" in shapes
+    assert "--chunked-prefill-size 8192, --attn-dp-size 4" in shapes and "configuration/config.py" in shapes
+    monkeypatch.undo()
+    effective = effective_of(THROUGHPUT_D4)
+    wrong = resolution.Captures.expected(effective_of(LATENCY))
+    (decode,) = preflight.judge(
+        found,
+        server_args_of(effective),
+        "python3",
+        (),
+        dataclasses.replace(resolution.Captures.expected(effective), decode=wrong.decode),
+    )
+    assert (decode.code, decode.setting) == (preflight.SERVER_CAPTURES, "GLM5_CUDA_GRAPH_MAX_BS_DECODE")
+    assert "decode batches to 51 (2..512), the kit expects 52 (1..512)" in decode.message
+
+
+@pytest.mark.xdist_group("sglang_resolution_preflight")
+@pytest.mark.boots
+def test_server_flags_go_through_sglangs_own_resolution(
+    sglang_answers: dict[str, resolution.Resolved | resolution.Failed],
+) -> None:
     """argparse, then resolve_once with the model's config and check_server_args: combinations only the
-    resolution refuses fail at preflight, in seconds, not after the load. Through preflight.check_flags (one
-    sglang import a call): the kit's flags pass, and a refusal of a flag from GLM5_EXTRA_ARGS names that setting.
-    The other two layers' refusals through resolve_flags' main in one process (what check_flags runs; its last
-    stderr line is the reason check_flags gives). A bare assertion's wording: the next test."""
-    argv = config.resolve({"GLM5_MODEL_DIR": str(GLM5_CONFIG)}).public_argv()[3:]
-    assert preflight.check_flags(argv, str(BENCH_PYTHON)) == []
-    extra = ["--retraction-policy", "priority"]  # check_server_args
-    found = preflight.check_flags([*argv, *extra], str(BENCH_PYTHON), extra_args=extra)
+    resolution refuses fail at preflight, in seconds, not after the load. The kit's flags pass; a refusal of a flag
+    from GLM5_EXTRA_ARGS names that setting; each layer's refusal is the reason preflight gives (its last stderr
+    line). A bare assertion's wording: the next test."""
+    argv = server_args_of(effective_of(LATENCY))
+    assert preflight.judge(sglang_answers["latency"], argv, "python3") == []
+    found = preflight.judge(sglang_answers["extra"], [*argv, *REFUSED_EXTRA], "python3", REFUSED_EXTRA)
     assert [f.code for f in found] == [preflight.SERVER_FLAGS], found
     assert "requires --enable-priority-scheduling" in found[0].message, found[0].message
     assert found[0].setting == "GLM5_EXTRA_ARGS" and "fix or remove the flag" in found[0].message
-    layers = [
-        (["--no-such-flag"], 2, "unrecognized arguments: --no-such-flag"),  # argparse
-        (["--context-length", "999999999"], 1, "is greater than the derived context_length (202752)"),
-    ]
+    for _, layer, said in LAYERS:
+        answer = sglang_answers[layer]
+        assert isinstance(answer, resolution.Failed) and (answer.kind, said in answer.reason) == (layer, True)
+        (problem,) = preflight.judge(answer, argv, "python3")
+        assert problem.code == preflight.SERVER_FLAGS and said in problem.message
+
+
+def fake_python(folder: Path, answer: str) -> Path:
+    """A `python3` for the server's PATH: as the resolution runner it records its arguments and environment and
+    answers `answer` (shell: its output and exit); else it is this test's Python (entrypoint/launch runs on it)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    python = folder / "python3"
+    python.write_text(
+        "#!/bin/sh\n"
+        'case "$1" in\n'
+        f'  */resolve_flags.py) printf "%s\\n" "$@" > "{folder}/args"; env > "{folder}/env"; {answer} ;;\n'
+        f'  *) exec "{sys.executable}" "$@" ;;\n'
+        "esac\n"
+    )
+    python.chmod(0o755)
+    return python
+
+
+@pytest.mark.boots
+def test_prepare_resolves_with_the_servers_python_and_environment_and_refuses_what_sglang_does_not_settle(
+    tmp_path: Path,
+) -> None:
+    """launch --prepare hands the resolution to the server's Python (`python3` on the server's PATH: the image's
+    /opt/venv/bin/python3) in the server's environment (glm5.toml's [[env]] values, the kit's folder off PYTHONPATH),
+    and an answer other than the kit's expectation is recorded as preflight's refusal (exit 43), before any start."""
+    resolved = json.dumps({"chunk": 8192, "prefill": [4, 8192], "decode": [1, 512], "pool": 2048})
+    folder = tmp_path / "bin"
+    fake_python(folder, f"echo 'RESOLVED {resolved}'")
+    env = kit_env("FLASHINFER_") | {
+        "PATH": f"{folder}:{os.environ['PATH']}",
+        "PYTHONPATH": str(tmp_path / "theirs"),
+        "GLM5_SKIP_PREFLIGHT": "gpu,shm,model,flashinfer",
+        "GLM5_CACHE_DIR": str(tmp_path / "cache"),
+        **THROUGHPUT_D4,
+    }
     done = subprocess.run(
-        [str(BENCH_PYTHON), "-c", EACH_ARGV, str(ROOT / "entrypoint"),
-         json.dumps([[*argv, *extra] for extra, _, _ in layers])],
-        capture_output=True, text=True, check=False, timeout=300,
-        env=dict(os.environ) | {"HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"},
+        [str(ROOT / "entrypoint/launch"), "--prepare"],
+        capture_output=True, text=True, env=env, check=False, timeout=120,
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    for (extra, code, said), result in zip(layers, json.loads(done.stdout), strict=True):
-        last = [ln for ln in result["stderr"].strip().splitlines() if ln.strip()][-1]
-        assert (result["code"], said in last) == (code, True), (extra, result)
+    assert done.returncode == preflight.SERVER_CAPTURES, done.stderr
+    assert (
+        "[43] GLM5_PROFILE: sglang 0.5.23 resolves a rank's prefill chunk to 8192, the kit expects 2048"
+        in done.stderr
+    )
+    assert (
+        "[43] GLM5_CUDA_GRAPH_MAX_BS_DECODE: sglang 0.5.23 resolves a rank's decode batches to 2 (1..512)"
+        in (done.stderr)
+    )
+    assert "3 preflight problem(s)" in done.stderr
+    failed = state.read_failed(env["GLM5_STATE_DIR"])
+    assert failed is not None and (failed["kind"], failed["code"]) == ("refused", preflight.SERVER_CAPTURES)
+    args = (folder / "args").read_text().splitlines()
+    assert args[0] == str(preflight.resolution.RUNNER) and args[1:4] == [
+        "--kv-tokens",
+        "4096",
+        "--model-path",
+    ]
+    assert args[args.index("--attn-dp-size") + 1] == "4"
+    seen = dict(line.split("=", 1) for line in (folder / "env").read_text().splitlines() if "=" in line)
+    assert seen["SGLANG_CACHE_DIR"] == f"{tmp_path / 'cache'}/build-dev/sglang"  # glm5.toml's [[env]]
+    assert (
+        seen["PYTHONPATH"] == str(tmp_path / "theirs") and seen["HF_HUB_OFFLINE"] == "1"
+    )  # the kit's folder off
+
+
+FAILED_RUNS = [
+    # (the runner's answer in shell, the code, the setting, what the message says)
+    (
+        "exit 0",
+        preflight.SERVER_FLAGS,
+        "the server flags",
+        "resolving the server flags did not finish: exit 0",
+    ),
+    (
+        "echo 'KeyError: x' >&2; exit 3",
+        preflight.SERVER_CAPTURES,
+        "the server flags",
+        "cannot be read: KeyError: x",
+    ),
+    (
+        "echo 'RESOLVED {\"chunk\": 1}'",
+        preflight.SERVER_CAPTURES,
+        "the server flags",
+        "cannot be read: RESOLVED",
+    ),
+    (
+        "echo 'Killed' >&2; exit 137",
+        preflight.SERVER_FLAGS,
+        "the server flags",
+        "did not finish: exit 137: Killed",
+    ),
+]
+
+
+@pytest.mark.parametrize(("answer", "code", "setting", "said"), FAILED_RUNS)
+def test_a_resolution_that_cannot_run_or_be_read_is_a_clear_error(
+    tmp_path: Path, answer: str, code: int, setting: str, said: str
+) -> None:
+    """A runner that answers nothing, dies, or settles what the kit cannot read refuses the start with a problem that
+    says so, not a traceback or a pass: the expectation cannot be checked."""
+    python = fake_python(tmp_path, answer)
+    expected = resolution.Captures(8192, (4, 8192), (1, 512))
+    (problem,) = preflight.check_flags(
+        ["--model-path", "/m"], str(python), environ={"PATH": os.environ["PATH"]}, expected=expected
+    )
+    assert (problem.code, problem.setting.startswith(setting)) == (code, True), problem
+    assert said in problem.message, problem.message
+
+
+def test_a_python_that_is_not_there_is_a_clear_error(tmp_path: Path) -> None:
+    (problem,) = preflight.check_flags(
+        ["--model-path", "/m"], str(tmp_path / "absent" / "python3"), environ={}
+    )
+    assert problem.code == preflight.SERVER_FLAGS, problem
+    assert "resolving the server flags did not finish: [Errno 2] No such file or directory" in problem.message
+
+
+def test_the_server_python_is_python3_on_the_servers_path(tmp_path: Path) -> None:
+    """In the image, /opt/venv/bin/python3 (the Dockerfile's PATH): the server's interpreter, sglang's environment."""
+    python = fake_python(tmp_path, "exit 0")
+    assert preflight.server_python({"PATH": f"{tmp_path}:/usr/bin"}) == str(python)
+    assert preflight.server_python({"PATH": str(tmp_path / "none")}) == sys.executable
+
+
+# the sglang modules entrypoint/resolve_flags.py imports
+RUNNER_IMPORTS = (
+    "sglang.srt.configs.model_config",
+    "sglang.srt.layers.moe.utils",
+    "sglang.srt.mem_cache.kv_cache_configurator",
+    "sglang.srt.model_executor.runner.base_cuda_graph_runner",
+    "sglang.srt.model_executor.runner.prefill_cuda_graph_runner",
+    "sglang.srt.runtime_context",
+    "sglang.srt.server_args",
+)
 
 
 def test_a_bare_assertion_of_the_resolution_is_worded(tmp_path: Path) -> None:
@@ -288,13 +516,16 @@ def test_a_bare_assertion_of_the_resolution_is_worded(tmp_path: Path) -> None:
     (prepare_server_args, then resolve_once on what it returns), as entrypoint/resolve_flags.py makes them, and a
     torch with a device (the box's, so nothing is stated for it)."""
     fake = tmp_path / "fake"
-    (fake / "sglang" / "srt").mkdir(parents=True)
-    (fake / "torch").mkdir()
+    (fake / "torch").mkdir(parents=True)
     (fake / "torch" / "__init__.py").write_text(
         "class cuda:\n    is_available = staticmethod(lambda: True)\n"
     )
-    for package in (fake / "sglang", fake / "sglang" / "srt"):
-        (package / "__init__.py").write_text("")
+    for module in RUNNER_IMPORTS:  # the other names it imports: stand-ins it does not reach
+        path = fake.joinpath(*module.split("."))
+        for package in reversed([*path.relative_to(fake).parents][:-1]):
+            (fake / package).mkdir(exist_ok=True)
+            (fake / package / "__init__.py").touch()
+        path.with_suffix(".py").write_text("def __getattr__(name):\n    return None\n")
     (fake / "sglang" / "srt" / "server_args.py").write_text(
         "class Args:\n"
         "    def resolve_once(self):\n        assert 3 % 2 == 0\n"

@@ -173,7 +173,7 @@ def test_the_quick_starts_weights_step_works_for_an_operator_who_is_not_uid_1000
         (bin_dir / name).write_text("#!/bin/sh\n" + body)
         (bin_dir / name).chmod(0o755)
     folder = scratch / "models" / "GLM-5-NVFP4"
-    block = shell_block("1. **The weights, on the host first**")
+    block = shell_block("1. **The box, then the weights, on the host first**")
     assert "hf download nvidia/GLM-5-NVFP4 --local-dir /srv/models/GLM-5-NVFP4" in block
     done = subprocess.run(
         ["bash", "-euo", "pipefail", "-c", block.replace("/srv/models/GLM-5-NVFP4", str(folder))],
@@ -409,13 +409,52 @@ def test_host_tools_name_the_python_they_need(tmp_path: Path, tool: str, python3
 
 
 def test_the_readme_promises_no_release_the_kit_does_not_publish() -> None:
-    """An update step that says "pull a new release" with nothing released sends users looking for what is not there:
-    the kit has no changelog and no release workflow yet, so the README says how it is updated instead."""
-    published = (ROOT / "CHANGELOG.md").exists() and any(
-        (ROOT / ".github" / "workflows").glob("release*.yml")
-    )
+    """A version is published when CHANGELOG.md names its image by digest (the release workflow writes that line);
+    a changelog and a release workflow alone publish nothing. Until then the README says plainly that no version is
+    published and to build meanwhile, and promises no release to pull."""
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    published = re.search(r"^Image: \S+@sha256:[0-9a-f]{64}", changelog, re.M) is not None
     if not published:
+        assert "Image: not yet published" in changelog
+        said = re.search(r"no version is published yet \(no tag, no image: CHANGELOG\.md\), so build", README)
+        assert said is not None, "the README does not say that no version is published yet, and what to do"
         assert not re.search(r"(?i)\b(pull|install|download) (a|the) (new |latest )?release", README), (
             "a release"
         )
-    assert "`git pull` the kit" in README or published
+
+
+def test_the_readmes_times_are_the_reference_estimates() -> None:
+    """The README's "1-2 hours" to a first answer on the minimum box, the sweep's "about a day" and "`--shape
+    1k-1k-c1024` first takes a third of it" are docs/reference.md's rendered estimates (ci/render's arithmetic on the
+    kit's figures), and that shorter sweep is one ci/bench runs: its --shape names a shape of the sweep file."""
+    table = render.first_answer_table(settings.load_config())
+    minutes = {
+        row.split(" | ")[0].strip("| "): row.split(" | ")[1]
+        for row in table.splitlines()
+        if row.startswith("| ")
+    }
+    sequential = int(minutes["to a first answer, one step after another"].removesuffix(" min"))
+    overlapped = int(
+        minutes["the same with `docker compose build glm5` run during the download"].removesuffix(" min")
+    )
+    assert "a first answer in 1-2 hours on the minimum box" in " ".join(README.split())
+    assert 60 <= overlapped <= sequential <= 120, (overlapped, sequential)
+    hours = [
+        float(re.search(r"\| ([\d.]+) h \|$", row)[1]) for row in table.splitlines() if row.endswith(" h |")
+    ]  # type: ignore[index]
+    whole, winner_alone = hours[0], hours[1]
+    said = " ".join(README.split())
+    assert (
+        "lets the box decide" in said
+        and "in about a day; `--shape 1k-1k-c1024` first takes a third of it" in said
+    )
+    assert 18 <= whole <= 30 and 0.25 <= winner_alone / whole <= 0.4, hours
+    done = subprocess.run(
+        [str(ROOT / "ci" / "bench"), "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert "--shape SHAPE" in done.stdout and "1k-1k-c1024" in (ROOT / "ci" / "sweep-sm120.toml").read_text()

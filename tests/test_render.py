@@ -471,3 +471,49 @@ def test_the_drain_covers_the_longest_answer_the_gateway_admits(
     set_source(root, old, new)
     done = run_render(root)
     assert done.returncode == 1 and said in done.stderr, done.stderr
+
+
+def test_a_digest_line_added_by_hand_to_the_image_component_is_refused_naming_itself(tmp_path: Path) -> None:
+    """The audit's step (12-07, E): `digest: sha256:...` appended to k8s/components/image as the README then said.
+    ci/render and --check refuse it, naming that file and line and glm5.toml's form, and write nothing."""
+    root = kit_copy(tmp_path)
+    component = root / render.IMAGE_COMPONENT
+    before = component.read_text()
+    component.write_text(before.rstrip("\n") + f"\n    digest: {DIGEST}\n")
+    lines = len(component.read_text().splitlines())
+    for args in ((), ("--check",)):
+        done = run_render(root, *args)
+        assert done.returncode == 1, done.stdout
+        assert f"{render.IMAGE_COMPONENT}:{lines}: `digest: {DIGEST}` is not ci/render's" in done.stderr
+        assert 'image = "NAME:TAG@sha256:<64 hex>"' in done.stderr and "ci/render: wrote" not in done.stdout
+
+
+def test_the_readmes_digest_pin_renders(tmp_path: Path) -> None:
+    """What the README says to write to pin the Kubernetes image by digest, done in a kit copy with a real digest:
+    ci/render accepts it and kustomize renders every container at NAME@DIGEST."""
+    readme = (ROOT / "README.md").read_text()
+    said = re.search(r"Pin the image by digest[^`]*`([^`]+)` in `([^`]+)`", readme)
+    assert said is not None, "the README no longer says how to pin the image by digest"
+    pin, where = said[1], said[2]
+    root = kit_copy(tmp_path)
+    image = f"registry.example.com/ml/glm5-serve:0.1.0@{DIGEST}"
+    if where == render.SOURCE:
+        assert pin == 'image = "NAME:TAG@sha256:..."', pin
+        set_source(root, 'image = "glm5-serve:0.1.0"', f'image = "{image}"')
+    else:  # a line to add to a file of the kit, as written
+        path = root / where
+        path.write_text(path.read_text().rstrip("\n") + "\n    " + pin.replace("sha256:...", DIGEST) + "\n")
+    done = run_render(root)
+    assert done.returncode == 0, done.stderr
+    assert run_render(root, "--check").returncode == 0
+    rendered = subprocess.run(
+        ["kubectl", "kustomize", str(root / "k8s" / "base")], capture_output=True, text=True, check=False
+    )
+    assert rendered.returncode == 0, rendered.stderr
+    images = {c["image"] for d in yaml.safe_load_all(rendered.stdout) if d for c in containers_of(d)}
+    assert images == {f"registry.example.com/ml/glm5-serve@{DIGEST}"}, images
+
+
+def containers_of(obj: dict) -> list[dict]:  # type: ignore[type-arg]
+    spec = obj.get("spec", {}).get("template", {}).get("spec", {})
+    return [*spec.get("initContainers", []), *spec.get("containers", [])]
