@@ -135,7 +135,8 @@ def test_the_overlay_scales_the_statefulset_within_its_bounds_on_its_replicas_de
     assert admitted() <= capacity()
     assert float(meta["threshold"]) == AUTO["target_utilization"]
     namespace = CONFIG["deployment"]["namespace"]
-    assert meta["query"].count(f'namespace="{namespace}"') == 3 and meta["query"].endswith("or vector(0)")
+    # every series of the namespace's own, and none read as 0 when missing (KEDA errs instead: its fallback)
+    assert meta["query"].count(f'namespace="{namespace}"') == 6 and "vector(0)" not in meta["query"]
     assert "/ avg(glm5_capacity_admitted_requests{" in meta["query"]
     up = so["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleUp"]["policies"]
     assert up == [{"type": "Pods", "value": 1, "periodSeconds": AUTO["scale_up_period_seconds"]}]
@@ -169,16 +170,32 @@ def test_each_replica_runs_at_most_its_capacity_and_the_gateway_admits_for_the_m
 
 
 def test_kedas_query_sums_each_replicas_running_and_queued_requests_once(tmp_path: Path) -> None:
-    """The shipped query, evaluated by promtool over series as the PodMonitor labels them: one replica reporting
-    from two TP ranks counts once, another namespace not at all, the sum counted in replicas' worth of what the
-    gateway admits to each (25 to a TP-attention replica, 60 to a DP-attention one: their mean), and no replica at all
-    reads 0 (not an error)."""
-    query = scaled_object()["spec"]["triggers"][0]["metadata"]["query"]
+    """The shipped query, evaluated by promtool over series as the PodMonitors label them: one replica reporting
+    from two TP ranks counts once, another namespace not at all, what waits in the gateways' queues and what they
+    refused (a second's refusals x the queue timeout) counts too, the sum in replicas' worth of what the gateway
+    admits to each (25 to a TP-attention replica, 60 to a DP-attention one: their mean). Demand held in the gateway
+    alone (the replicas full but not queueing) is above the threshold: the HPA adds a replica. A part with no series
+    (no replica reporting, no gateway scraped) is no answer, never 0: KEDA errs and keeps the replicas it has."""
+    trigger = scaled_object()["spec"]["triggers"][0]["metadata"]
+    query, threshold = trigger["query"], float(trigger["threshold"])
+    assert trigger["ignoreNullValues"] == "false"
+    fallback = scaled_object()["spec"]["fallback"]
+    assert fallback["behavior"] == "currentReplicasIfHigher" and fallback["replicas"] == AUTO["min_replicas"]
     ns = CONFIG["deployment"]["namespace"]
+    timeout = CONFIG["gateway"]["queue_timeout_seconds"]
 
     def series(name: str, pod: str, value: int, rank: str = "0", namespace: str = ns) -> dict[str, str]:
         labels = f'job="glm5", namespace="{namespace}", instance="{pod}", tp_rank="{rank}"'
         return {"series": f"sglang:{name}{{{labels}}}", "values": f"{value}x3"}
+
+    def gateway(pod: str, queued: int, refused_per_minute: int = 0) -> list[dict[str, str]]:
+        labels = f'job="glm5-gateway", namespace="{ns}", instance="{pod}"'
+        found = [{"series": f'smg_scheduler_queue_depth{{{labels}, class="{c}"}}', "values": f"{queued if c == 'default' else 0}x3"}
+                 for c in ("default", "bulk")]  # fmt: skip
+        if refused_per_minute:
+            found.append({"series": f'smg_http_responses_total{{{labels}, path="/v1/chat/completions", status_code="429", error_code=""}}',
+                          "values": f"0+{refused_per_minute}x3"})  # fmt: skip
+        return found
 
     loaded = [series("num_running_reqs", "glm5-0", 300), series("num_queue_reqs", "glm5-0", 50),
               series("num_running_reqs", "glm5-0", 300, rank="1"), series("num_queue_reqs", "glm5-0", 50, rank="1"),
@@ -191,10 +208,24 @@ def test_kedas_query_sums_each_replicas_running_and_queued_requests_once(tmp_pat
         return {"series": f"glm5_capacity_admitted_requests{{{labels}}}", "values": f"{value}x3"}
 
     loaded += [admits("glm5-0", 25), admits("glm5-1", 60), admits("other-0", 1, namespace="other")]
-    idle = [{"series": 'up{job="glm5"}', "values": "1x3"}]
+    full = [series("num_running_reqs", "glm5-0", 25), series("num_queue_reqs", "glm5-0", 0), admits("glm5-0", 25),
+            series("num_running_reqs", "glm5-1", 25), series("num_queue_reqs", "glm5-1", 0), admits("glm5-1", 25)]  # fmt: skip
+    refused = 6  # a minute, at each of two gateways: 0.1 a second, x the queue timeout
+    cases = [
+        (loaded + gateway("gw-a", 0), [550 / 42.5]),
+        (
+            full + gateway("gw-a", 10) + gateway("gw-b", 10, refused),
+            [(50 + 20 + refused / 60 * timeout) / 25],
+        ),
+        (loaded, []),  # no gateway scraped
+        (gateway("gw-a", 5) + [{"series": 'up{job="glm5"}', "values": "1x3"}], []),  # no replica reporting
+    ]
     tests = [{"interval": "1m", "input_series": inputs,
-              "promql_expr_test": [{"expr": query, "eval_time": "2m", "exp_samples": [{"labels": "{}", "value": want}]}]}
-             for inputs, want in ((loaded, 550 / 42.5), (idle, 0))]  # fmt: skip
+              "promql_expr_test": [{"expr": query, "eval_time": "2m",
+                                    "exp_samples": [{"labels": "{}", "value": v} for v in want]}]}
+             for inputs, want in cases]  # fmt: skip
+    # replicas full, 20 waiting in the gateways and some refused: desired = ceil(2 x demand / threshold) > 2
+    assert cases[1][1][0] / threshold > 2
     (tmp_path / "none.yml").write_text("groups: []\n")
     path = tmp_path / "query.test.yml"
     path.write_text(yaml.safe_dump({"rule_files": ["none.yml"], "evaluation_interval": "1m", "tests": tests}))
