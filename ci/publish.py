@@ -1,12 +1,16 @@
 """Publish the image CI built and prove what a user pulls is that image: push, digest, SBOM, pull back, signature.
 
-    ci/publish SOURCE [--registry local|HOST/PATH] [--work DIR] [--record FILE]
+    ci/publish SOURCE [--registry local|HOST/PATH] [--work DIR] [--record FILE] [--resume sha256:HEX]
 
 SOURCE is a skopeo reference (ci/build-image passes `containers-storage:[vfs@...]glm5-serve:VERSION`; the tests an
 `oci:DIR:TAG` layout). `--registry local` (the default) starts Debian's docker-registry on 127.0.0.1 (a free port,
 its storage under --work, removed at the end) and runs every step; `--registry ghcr.io/OWNER` (the release
 workflow, after `skopeo login`) pushes there and leaves the signing to cosign (.github/workflows/release.yml).
 Each step prints its seconds:
+  claim     NAME:VERSION must be free, or name this very image: a version is never replaced. Where the tag
+            already names SOURCE's manifest (a re-run after a partial release, the same build), or the digest
+            `--resume DIGEST` gives, nothing is pushed and the steps go on from that digest; any other image there
+            is refused (exit 1), the message naming the tag's digest and both ways on
   push      skopeo copy to NAME:VERSION (VERSION: glm5.toml [deployment].image's tag), local: signed on the way
   digest    the manifest digest the registry reports (skopeo inspect), equal to the one skopeo wrote
   pull      skopeo copy NAME@DIGEST to a dir: copy, local: through a policy.json that requires the signing key;
@@ -27,6 +31,7 @@ step passed; 1: one failed (the line names it and the fix); 2: usage.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -215,6 +220,44 @@ def forget_key(run: Run) -> None:
         shutil.rmtree(run.gpg_home, ignore_errors=True)
 
 
+def manifest_digest(run: Run, reference: str) -> str | None:
+    """sha256:HEX of the manifest REFERENCE has as stored (skopeo inspect --raw), None where a registry has no such
+    tag; any other failure (a login, the network) raises."""
+    tls = [run.tls_flag("tls")] if reference.startswith("docker://") else []
+    done = run.skopeo("inspect", "--raw", *tls, reference, check=False)
+    if done.returncode != 0:
+        if "manifest unknown" in done.stderr.lower():
+            return None
+        raise PublishError(f"`skopeo inspect {reference}` failed: {done.stderr.strip()}")
+    return f"sha256:{hashlib.sha256(done.stdout.encode()).hexdigest()}"
+
+
+def claim(run: Run, source: str, resume: str | None = None) -> str | None:
+    """A version is never replaced: None when NAME:VERSION is free (push), the digest to go on from when it already
+    names SOURCE's manifest or RESUME's digest (push nothing), PublishError naming both ways on otherwise."""
+    tag = f"{run.repository}:{run.version}"
+    existing = manifest_digest(run, f"docker://{tag}")
+    if existing is None:
+        if resume:
+            raise PublishError(
+                f"--resume {resume}: {tag} does not exist, nothing to resume from: leave --resume out"
+            )
+        return None
+    built = manifest_digest(run, source)
+    if existing in (built, resume):
+        print(
+            f"ci/publish: {tag} already is {existing} (this image's): resuming from it, nothing pushed",
+            file=sys.stderr,
+        )
+        return existing
+    raise PublishError(
+        f"{tag} already names {existing}, this image is {built}: a version is never replaced. A re-run after a "
+        f"release whose push went through resumes from the pushed digest: re-run the failed jobs alone (they reuse "
+        f"the build's artifact, this digest's image), or by hand `ci/publish --resume {existing} ...` once you have "
+        "checked that digest is this release's build; anything else is a new version (a new tag, vX.Y.Z+1)"
+    )
+
+
 def push(run: Run, source: str) -> str:
     """SOURCE to NAME:VERSION, signed when local; the digest skopeo wrote."""
     digestfile = run.work / "pushed.digest"
@@ -327,12 +370,17 @@ def refusals(run: Run, digest: str, manifest_type: str) -> None:
     refused(run, f"docker://{run.repository}@{unsigned}", MISMATCH)
 
 
-def publish_steps(run: Run, source: str, image: dict[str, str]) -> dict[str, Any]:
+def publish_steps(run: Run, source: str, image: dict[str, str], resume: str | None = None) -> dict[str, Any]:
     if run.local:
         throwaway_key(run)
     configure(run)
-    with step(run, "push"):
-        pushed = push(run, source)
+    with step(run, "claim"):
+        resumed = claim(run, source, resume)
+    if resumed:
+        pushed = resumed
+    else:
+        with step(run, "push"):
+            pushed = push(run, source)
     with step(run, "digest"):
         digest, layers = registry_digest(run, pushed)
     with step(run, "pull and compare"):
@@ -352,19 +400,22 @@ def publish_steps(run: Run, source: str, image: dict[str, str]) -> dict[str, Any
         "sbom": str(sbom_path),
         "sbom_sha256": sbom.digest_of(sbom_path),
         "signed_by": f"gpg:{run.fingerprint} (throwaway, this run)" if run.local else None,
+        "resumed": resumed is not None,
         "seconds": run.seconds,
     }
     return result
 
 
-def publish(source: str, registry: str, work: Path, record: Path) -> dict[str, Any]:
+def publish(
+    source: str, registry: str, work: Path, record: Path, resume: str | None = None
+) -> dict[str, Any]:
     name, version, image = kit_version()
     work.mkdir(parents=True, exist_ok=True)
     local = registry == "local"
     with local_registry(work) if local else _remote(registry) as host:
         run = Run(work=work, registry=host, name=name, version=version, local=local, tls=not local)
         try:
-            result = publish_steps(run, source, image)
+            result = publish_steps(run, source, image, resume)
         finally:
             forget_key(run)
     record.write_text(json.dumps(result, indent=2) + "\n")
@@ -393,6 +444,11 @@ def main(argv: list[str] | None = None) -> int:
         default=Path("/var/tmp/glm5-build/publish"),
     )
     parser.add_argument("--record", type=Path, help="where the record goes (default: WORK/published.json)")
+    parser.add_argument(
+        "--resume",
+        metavar="sha256:HEX",
+        help="NAME:VERSION already names this digest, this release's: go on from it, pushing nothing",
+    )
     args = parser.parse_args(argv)
     missing = missing_tools(args.registry == "local")
     if missing:
@@ -403,7 +459,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1
     try:
-        publish(args.source, args.registry, args.work, args.record or args.work / "published.json")
+        publish(
+            args.source, args.registry, args.work, args.record or args.work / "published.json", args.resume
+        )
     except (PublishError, sbom.SbomError, subprocess.CalledProcessError, StopIteration) as err:
         print(f"ci/publish: FAIL {err}", file=sys.stderr)
         return 1

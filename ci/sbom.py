@@ -1,10 +1,16 @@
-"""The image's SBOM, CycloneDX 1.5 JSON, read from the image as the registry serves it (a `skopeo copy ... dir:`
+"""The image's SBOM, CycloneDX 1.6 JSON, read from the image as the registry serves it (a `skopeo copy ... dir:`
 copy: manifest.json and each blob named by its digest), and the check that it lists what glm5.toml pins.
 
 The generator is this module (named in the SBOM's metadata.tools): it reads the layers in order, applying their
-whiteouts, and lists the Debian packages (var/lib/dpkg/status), every Python distribution (`*.dist-info/METADATA`
-under a site-packages or dist-packages folder) and the FlashInfer patches the build applied (the image's record
-/opt/glm5/PATCHES-APPLIED.json, written by patches/apply) as flashinfer-python's pedigree. Standard library only.
+whiteouts, and lists the Debian packages (var/lib/dpkg/status), each purl's `upstream` qualifier naming its source
+package (dpkg's `Source:`, with the source version where it differs: the name scanners match Debian and Ubuntu
+advisories by, as syft writes it, github.com/anchore/syft/pull/769); every Python distribution wherever it lies
+(each `*.dist-info/METADATA` and `*.egg-info/PKG-INFO`, one component per folder, so one name at two versions or two
+places is listed twice, each with its path in the property `glm5-serve:path`), with the SBOMs its wheel ships
+(`*.dist-info/sboms/*.json`, PEP 770: peps.python.org/pep-0770) merged in as its nested components and their
+dependencies; and the FlashInfer patches the build applied (the image's record /opt/glm5/PATCHES-APPLIED.json,
+written by patches/apply) as flashinfer-python's pedigree. Standard library only; tests/test_sbom.py validates the
+result against CycloneDX's schema (cyclonedx-python-lib).
 """
 
 from __future__ import annotations
@@ -25,7 +31,16 @@ GENERATOR = "glm5-serve ci/sbom.py"
 DPKG_STATUS = "var/lib/dpkg/status"
 OS_RELEASE = ("etc/os-release", "usr/lib/os-release")
 PATCH_RECORD = "opt/glm5/PATCHES-APPLIED.json"
-METADATA = re.compile(r"(^|/)(site|dist)-packages/[^/]+\.dist-info/METADATA$")
+METADATA = re.compile(r"(^|/)[^/]+\.(dist-info/METADATA|egg-info/PKG-INFO)$")
+EMBEDDED = re.compile(r"(^|/)[^/]+\.dist-info/sboms/[^/]+\.json$")
+SPEC = "1.6"
+# The fields an embedded SBOM's component keeps (CycloneDX 1.6's component, less what a merged copy cannot carry:
+# an embedded document's own evidence, release notes, model cards and the like).
+KEPT = (
+    "type", "bom-ref", "supplier", "author", "authors", "publisher", "group", "name", "version", "description",
+    "scope", "hashes", "licenses", "copyright", "cpe", "purl", "externalReferences", "pedigree", "properties",
+    "tags", "components",
+)  # fmt: skip
 # The Python distributions glm5.toml's [image] pins, by the key that pins them.
 PINNED = {"sglang": "sglang", "torch": "torch", "flashinfer-python": "flashinfer"}
 
@@ -35,7 +50,9 @@ class SbomError(Exception):
 
 
 def wanted(path: str) -> bool:
-    return path in (DPKG_STATUS, PATCH_RECORD, *OS_RELEASE) or bool(METADATA.search(path))
+    return path in (DPKG_STATUS, PATCH_RECORD, *OS_RELEASE) or bool(
+        METADATA.search(path) or EMBEDDED.search(path)
+    )
 
 
 def layers(copy: Path) -> list[Path]:
@@ -95,22 +112,82 @@ def debian_packages(status: str, distro: Mapping[str, str]) -> list[dict[str, An
         purl = f"pkg:deb/{osid}/{name}@{quote(version, safe='.+~-_')}?arch={arch}"
         if distro.get("VERSION_ID"):
             purl += f"&distro={osid}-{distro['VERSION_ID']}"
+        purl += f"&upstream={quote(upstream(name, version, fields.get('Source', '')), safe='.+~-_')}"
         out.append(component(name, version, purl))
     return out
+
+
+def upstream(name: str, version: str, source: str) -> str:
+    """The source package of a binary one from dpkg's `Source: NAME [(VERSION)]` (absent: the binary's own name),
+    NAME@VERSION where the source's version differs from the binary's."""
+    found = re.fullmatch(r"\s*([^\s(]+)?\s*(?:\(([^)]+)\))?\s*", source)
+    src, src_version = (found.group(1), found.group(2)) if found else (None, None)
+    src = src or name
+    return f"{src}@{src_version}" if src_version and src_version != version else src
 
 
 def normalized(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def python_packages(files: Mapping[str, bytes]) -> list[dict[str, Any]]:
-    out = {}
+def python_packages(files: Mapping[str, bytes]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """One component per distribution folder, sorted by name, version and path, each with the SBOMs its wheel ships
+    nested; and those SBOMs' dependencies, their references made unique."""
+    out = []
+    dependencies: list[dict[str, Any]] = []
     for path, data in files.items():
         if METADATA.search(path):
             meta = email.parser.BytesHeaderParser().parsebytes(data)
             name, version = normalized(str(meta["Name"])), str(meta["Version"])
-            out[name] = component(name, version, f"pkg:pypi/{name}@{quote(version, safe='.+!-_')}")
-    return [out[name] for name in sorted(out)]
+            folder = "/" + str(PurePosixPath(path).parent)
+            purl = f"pkg:pypi/{name}@{quote(version, safe='.+!-_')}"
+            package = component(name, version, purl) | {
+                "bom-ref": f"{purl}#{folder}",
+                "properties": [{"name": "glm5-serve:path", "value": folder}],
+            }
+            for sbom_path in sorted(
+                p for p in files if p.startswith(f"{folder[1:]}/sboms/") and EMBEDDED.search(p)
+            ):
+                dependencies += embed(package, sbom_path, json.loads(files[sbom_path]))
+            out.append(package)
+    return sorted(out, key=lambda c: (c["name"], c["version"], c["bom-ref"])), dependencies
+
+
+def embed(package: dict[str, Any], path: str, document: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A wheel's own SBOM (PEP 770) into PACKAGE: its subject and components as PACKAGE's nested components, every
+    bom-ref prefixed with PACKAGE's and the file's name (unique in the merged document); its dependencies returned,
+    rewritten alike. A document not in CycloneDX JSON (SPDX) is named in a property, not merged."""
+    source = {"name": "glm5-serve:embedded-sbom", "value": "/" + path}
+    package["properties"].append(source)
+    if document.get("bomFormat") != "CycloneDX":
+        source["value"] += " (not CycloneDX: not merged)"
+        return []
+    prefix = f"{package['bom-ref']}|{PurePosixPath(path).name}|"
+    refs: dict[str, str] = {}
+
+    def rewrite(found: Mapping[str, Any]) -> dict[str, Any]:
+        kept = {k: v for k, v in found.items() if k in KEPT}
+        if "bom-ref" in kept:
+            refs[kept["bom-ref"]] = kept["bom-ref"] = prefix + str(kept["bom-ref"])
+        if "components" in kept:
+            kept["components"] = [rewrite(c) for c in kept["components"]]
+        return kept
+
+    subject = document.get("metadata", {}).get("component")
+    nested = []
+    for found in ([subject] if subject else []) + list(document.get("components", [])):
+        if found.get("bom-ref") is None or prefix + str(found["bom-ref"]) not in refs.values():
+            nested.append(
+                rewrite(found)
+            )  # the subject listed again among the components (auditwheel's): once
+    package.setdefault("components", []).extend(nested)
+    out = []
+    for dependency in document.get("dependencies", []):
+        ref = dependency.get("ref")
+        if ref in refs:
+            on = [refs[d] for d in dependency.get("dependsOn", []) if d in refs]
+            out.append({"ref": refs[ref], "dependsOn": on} if on else {"ref": refs[ref]})
+    return out
 
 
 def component(name: str, version: str, purl: str) -> dict[str, Any]:
@@ -137,7 +214,7 @@ def build(copy: Path, reference: str, digest: str, version: str) -> dict[str, An
     files = image_files(copy)
     distro = os_release(files)
     debs = debian_packages(files.get(DPKG_STATUS, b"").decode(), distro)
-    python = python_packages(files)
+    python, dependencies = python_packages(files)
     if PATCH_RECORD in files:
         with_patches(python, json.loads(files[PATCH_RECORD]))
     name = reference.rsplit("/", 1)[-1]
@@ -146,7 +223,7 @@ def build(copy: Path, reference: str, digest: str, version: str) -> dict[str, An
     )
     return {
         "bomFormat": "CycloneDX",
-        "specVersion": "1.5",
+        "specVersion": SPEC,
         "serialNumber": f"urn:uuid:{uuid.uuid4()}",
         "version": 1,
         "metadata": {
@@ -162,18 +239,25 @@ def build(copy: Path, reference: str, digest: str, version: str) -> dict[str, An
             },
         },
         "components": debs + python,
+        **({"dependencies": dependencies} if dependencies else {}),
     }
 
 
 def problems(bom: Mapping[str, Any], image: Mapping[str, str], series: list[str]) -> list[str]:
     """What the SBOM misses of glm5.toml's [image] pins and of patches/series: one line each, naming the fix."""
-    found = {c["name"]: c for c in bom["components"] if c["purl"].startswith("pkg:pypi/")}
+    found: dict[str, dict[str, Any]] = {}
+    versions: dict[str, list[str]] = {}
+    for c in bom["components"]:
+        if c["purl"].startswith("pkg:pypi/"):
+            versions.setdefault(c["name"], []).append(c["version"])
+            if c["name"] not in found or c["version"] == image.get(PINNED.get(c["name"], ""), None):
+                found[c["name"]] = c
     out = []
     for name, key in PINNED.items():
-        listed = found.get(name, {}).get("version")
-        if listed != image[key]:
+        if versions.get(name) != [image[key]]:
+            listed = " and ".join(versions.get(name, [])) or "not at all"
             out.append(
-                f"the SBOM lists {name} {listed or 'not at all'}, glm5.toml [image].{key} pins {image[key]}: "
+                f"the SBOM lists {name} {listed}, glm5.toml [image].{key} pins {image[key]}: "
                 "the image is not the one glm5.toml describes (rebuild it, or fix the pin and run image/relock)"
             )
     patched = [

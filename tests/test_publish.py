@@ -112,7 +112,7 @@ def test_the_sbom_lists_every_package_with_its_purl(tmp_path: Path) -> None:
     bom = bom_of(tmp_path, image_files(PINS, SERIES))
     purls = {c["purl"] for c in bom["components"]}
     assert f"pkg:pypi/torch@{IMAGE['torch']}" in purls
-    assert "pkg:deb/ubuntu/bash@5.2.21-2ubuntu4?arch=amd64&distro=ubuntu-24.04" in purls
+    assert "pkg:deb/ubuntu/bash@5.2.21-2ubuntu4?arch=amd64&distro=ubuntu-24.04&upstream=bash" in purls
     assert sbom.problems(bom, IMAGE, SERIES) == []
 
 
@@ -150,3 +150,68 @@ def test_a_later_layers_whiteout_removes_a_package(tmp_path: Path) -> None:
     )
     bom = sbom.build(layout, "r/glm5-serve", "sha256:" + "b" * 64, "0.1.0")
     assert "torch" not in {c["name"] for c in bom["components"]}
+
+
+# ---- a version is never replaced (issue 54) ----------------------------------------------------------------------
+
+
+@pytest.mark.boots
+@needs_tools
+def test_a_version_tag_naming_another_image_is_refused_and_kept(tmp_path: Path) -> None:
+    """A re-run whose build differs (or a second tag push) must not move NAME:VERSION: refused, naming the tag's
+    digest and both ways on, the registry still serving the first image."""
+    first = oci_layout(tmp_path / "first", "t", image_files(PINS, SERIES), label="first")
+    second = oci_layout(tmp_path / "second", "t", image_files(PINS, SERIES), label="second")
+    work = tmp_path / "work"
+    with publish.local_registry(work) as host:
+        run = publish.Run(
+            work=work, registry=host, name="glm5-serve", version="0.1.0", local=False, tls=False
+        )
+        publish.configure(run)
+        pushed = publish.push(run, first)
+        with pytest.raises(publish.PublishError) as refused:
+            publish.publish_steps(run, second, IMAGE)
+        assert f"{run.repository}:0.1.0 already names {pushed}" in str(refused.value)
+        assert "a version is never replaced" in str(refused.value)
+        assert f"ci/publish --resume {pushed}" in str(refused.value) and "re-run the failed jobs" in str(
+            refused.value
+        )
+        assert publish.manifest_digest(run, f"docker://{run.repository}:0.1.0") == pushed
+
+
+@pytest.mark.boots
+@needs_tools
+def test_a_rerun_of_the_same_image_resumes_from_the_pushed_digest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same build published again (the release's publish job re-run with the build's artifact) pushes nothing
+    and goes on from the digest; `--resume DIGEST` does the same for another source once the digest is named."""
+    source = tiny(tmp_path)
+    other = oci_layout(tmp_path / "other", "t", image_files(PINS, SERIES), label="other")
+    work = tmp_path / "work"
+    with publish.local_registry(work) as host:
+        run = publish.Run(
+            work=work, registry=host, name="glm5-serve", version="0.1.0", local=False, tls=False
+        )
+        publish.configure(run)
+        pushed = publish.push(run, source)
+        again = publish.publish_steps(run, source, IMAGE)
+        assert again["digest"] == pushed and again["resumed"] is True
+        assert "push" not in again["seconds"], "nothing is pushed on a resume"
+        assert f"already is {pushed} (this image's): resuming from it" in capsys.readouterr().err
+        named = publish.publish_steps(run, other, IMAGE, resume=pushed)
+        assert named["digest"] == pushed and named["resumed"] is True
+        assert publish.manifest_digest(run, f"docker://{run.repository}:0.1.0") == pushed
+
+
+@pytest.mark.boots
+@needs_tools
+def test_resume_needs_the_tag_to_exist(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    with publish.local_registry(work) as host:
+        run = publish.Run(
+            work=work, registry=host, name="glm5-serve", version="0.1.0", local=False, tls=False
+        )
+        publish.configure(run)
+        with pytest.raises(publish.PublishError, match="does not exist, nothing to resume from"):
+            publish.claim(run, tiny(tmp_path), "sha256:" + "c" * 64)

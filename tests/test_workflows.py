@@ -5,6 +5,7 @@ ci/build-image's skip, visible in GitHub Actions and a failure where GLM5_REQUIR
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -210,3 +211,217 @@ def test_any_other_failure_inside_the_image_is_not_run_again(tmp_path: Path) -> 
     assert done.returncode == 1
     assert len(calls) == 1
     assert "No such file or directory" in done.stderr and "once more" not in done.stderr
+
+
+# ---- the release, split by privilege (issue 54) ----------------------------------------------------------------
+
+# Steps that run code the kit does not own, from PyPI, npm or the build: never in a job that holds a write scope.
+BUILD_STEPS = ("ci/build-image", "ci/setup-test-env", "ci/test", "pip install", "npm ")
+
+
+def release() -> dict[str, Any]:
+    return load("release.yml")
+
+
+def scopes(workflow: dict[str, Any], job: dict[str, Any]) -> dict[str, str]:
+    """The token's scopes a job holds: its own `permissions:`, else the workflow's."""
+    granted: dict[str, str] = job.get("permissions", workflow.get("permissions", {}))
+    return granted
+
+
+def writes(workflow: dict[str, Any], job: dict[str, Any]) -> set[str]:
+    return {scope for scope, level in scopes(workflow, job).items() if level == "write"}
+
+
+def needs_of(jobs: dict[str, Any], name: str) -> set[str]:
+    """Every job NAME waits for, directly or through another."""
+    direct = jobs[name].get("needs", [])
+    out = set([direct] if isinstance(direct, str) else direct)
+    for other in list(out):
+        out |= needs_of(jobs, other)
+    return out
+
+
+def uses(job: dict[str, Any], action: str) -> list[dict[str, Any]]:
+    return [step for step in job["steps"] if str(step.get("uses", "")).startswith(f"{action}@")]
+
+
+def test_release_runs_on_version_tags_with_a_read_only_default() -> None:
+    workflow = release()
+    assert triggers(workflow)["push"] == {"tags": ["v*"]}
+    assert workflow["permissions"] == {"contents": "read"}
+
+
+def test_release_checkouts_keep_no_token_in_git_config() -> None:
+    """actions/checkout writes the job's token into .git/config unless told not to: then any later step reads it."""
+    found = [step for job in release()["jobs"].values() for step in uses(job, "actions/checkout")]
+    assert found
+    for step in found:
+        assert step.get("with", {}).get("persist-credentials") is False, step
+
+
+def test_release_build_and_suite_jobs_hold_no_write_scope_and_no_secret() -> None:
+    workflow = release()
+    building = {
+        name: job
+        for name, job in workflow["jobs"].items()
+        if any(marker in run for run in run_steps(job) for marker in BUILD_STEPS)
+    }
+    assert any("ci/build-image" in run for job in building.values() for run in run_steps(job))
+    assert any(run == "ci/test" for job in building.values() for run in run_steps(job))
+    for name, job in building.items():
+        assert not writes(workflow, job), (
+            f"{name} runs third-party code with write scopes {writes(workflow, job)}"
+        )
+        assert "id-token" not in scopes(workflow, job), name
+        assert "secrets." not in yaml.safe_dump(job), f"{name} is handed a secret"
+
+
+def test_release_write_jobs_run_no_build_wait_for_the_suite_and_sit_behind_an_environment() -> None:
+    workflow = release()
+    jobs = workflow["jobs"]
+    suite = {name for name, job in jobs.items() if "ci/test" in run_steps(job)}
+    build = {name for name, job in jobs.items() if any("ci/build-image" in run for run in run_steps(job))}
+    privileged = {
+        name for name, job in jobs.items() if writes(workflow, job) or "id-token" in scopes(workflow, job)
+    }
+    # The three write scopes a release needs, each held somewhere, none in the build.
+    assert set().union(*(writes(workflow, jobs[n]) for n in privileged)) == {
+        "contents",
+        "packages",
+        "id-token",
+    }
+    for name in privileged:
+        job = jobs[name]
+        assert job.get("environment") == "release", (
+            f"{name} holds write scopes outside the protected environment"
+        )
+        assert suite <= needs_of(jobs, name) and build <= needs_of(jobs, name), (
+            f"{name} does not wait for {suite | build}"
+        )
+        assert not [run for run in run_steps(job) for marker in BUILD_STEPS if marker in run], name
+        assert not uses(job, "actions/setup-node"), name
+
+
+def test_release_signs_only_the_digest_the_publish_job_pushed() -> None:
+    """The signer checks nothing out and builds nothing: what it signs is the publish job's output, NAME@sha256."""
+    workflow = release()
+    jobs = workflow["jobs"]
+    (signer,) = [name for name, job in jobs.items() if scopes(workflow, job).get("id-token") == "write"]
+    job = jobs[signer]
+    assert not uses(job, "actions/checkout"), "the signer runs no checked-out code"
+    assert writes(workflow, job) == {"id-token", "packages"}
+    signing = [run for run in run_steps(job) if "cosign sign" in run or "cosign attest" in run]
+    assert signing
+    refs = {step["env"]["REF"] for step in job["steps"] if "run" in step and "cosign" in step["run"]}
+    assert len(refs) == 1 and re.fullmatch(r"\$\{\{ needs\.\w+\.outputs\.\w+ \}\}", refs.pop()), refs
+
+
+def test_release_verifies_before_it_publishes_the_notes() -> None:
+    """The order of tests/test_release_install.py's one-job check, across the jobs: the tag checked before the build,
+    the signature and attestation verified with the workflow's identity before the notes are published."""
+    jobs = release()["jobs"]
+
+    def job_running(needle: str) -> str:
+        (name,) = [name for name, job in jobs.items() if any(needle in run for run in run_steps(job))]
+        return name
+
+    check, build, sign, notes = (
+        job_running(n) for n in ("ci/release check", "ci/build-image", "cosign sign", "gh release create")
+    )
+    assert check == build
+    runs = run_steps(jobs[build])
+    assert [i for i, r in enumerate(runs) if "ci/release check" in r] < [
+        i for i, r in enumerate(runs) if "ci/build-image" in r
+    ]
+    verify = next(run for run in run_steps(jobs[sign]) if "cosign verify " in run)
+    assert "verify-attestation" in verify and "--certificate-identity" in verify
+    assert sign in needs_of(jobs, notes) and build in needs_of(jobs, sign)
+
+
+# ---- the admission policy names the release workflow's identity (issue 54) ------------------------------------
+
+POLICY = ROOT / "k8s" / "components" / "verify-signature"
+# policy-controller v0.15.1's policy.sigstore.dev/v1beta1 ClusterImagePolicy, the JSON names of its types
+# (github.com/sigstore/policy-controller, pkg/apis/policy/v1beta1/clusterimagepolicy_types.go): tests/crd carries no
+# schema of it, so the fields the component uses are checked by name here.
+CIP_FIELDS = {
+    "spec": {"images", "authorities", "policy", "mode", "match"},
+    "authority": {
+        "name",
+        "key",
+        "keyless",
+        "static",
+        "source",
+        "ctlog",
+        "attestations",
+        "rfc3161timestamp",
+        "signatureFormat",
+    },
+    "keyless": {"url", "identities", "ca-cert", "trustRootRef", "insecureIgnoreSCT"},
+    "identity": {"issuer", "subject", "issuerRegExp", "subjectRegExp"},
+    "attestation": {"name", "predicateType", "policy"},
+}
+IDENTITY = "https://github.com/OWNER/glm5-serve/.github/workflows/release.yml@refs/tags/v{version}"
+
+
+def glob_matches(glob: str, image: str) -> bool:
+    """policy-controller's glob: `**` any characters, `*` any but `/`, the whole reference (pkg/apis/glob)."""
+    pattern = re.escape(glob).replace(r"\*\*", "\0").replace(r"\*", "[^/]*").replace("\0", ".*")
+    return re.fullmatch(pattern, image) is not None
+
+
+def rendered_policy(tmp_path: Path) -> list[dict[str, Any]]:
+    """The component added to a user's data overlay (docs/release.md), rendered by the real kustomize."""
+    from helpers import k8s
+
+    shutil.copytree(ROOT / "k8s" / "data", tmp_path / "k8s" / "data")
+    shutil.copytree(POLICY, tmp_path / "k8s" / "components" / POLICY.name)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [../k8s/data]\n"
+        f"components: [../k8s/components/{POLICY.name}]\n"
+    )
+    return k8s.objects(tmp_path / "mine")
+
+
+def test_the_admission_policy_requires_the_release_workflows_signature_and_sbom(tmp_path: Path) -> None:
+    objects = rendered_policy(tmp_path)
+    (namespace,) = [o for o in objects if o["kind"] == "Namespace"]
+    assert namespace["metadata"]["labels"]["policy.sigstore.dev/include"] == "true"
+    (policy,) = [o for o in objects if o["kind"] == "ClusterImagePolicy"]
+    assert policy["apiVersion"] == "policy.sigstore.dev/v1beta1" and "namespace" not in policy["metadata"]
+    spec = policy["spec"]
+    assert set(spec) <= CIP_FIELDS["spec"] and spec["mode"] == "enforce"
+    (authority,) = spec["authorities"]
+    assert set(authority) <= CIP_FIELDS["authority"] and set(authority["keyless"]) <= CIP_FIELDS["keyless"]
+    (identity,) = authority["keyless"]["identities"]
+    assert set(identity) <= CIP_FIELDS["identity"]
+    # The issuer and the identity the workflow itself verifies with, and docs/release.md tells users to check.
+    verify = next(
+        step for step in release()["jobs"]["sign"]["steps"] if "cosign verify " in step.get("run", "")
+    )
+    assert '--certificate-oidc-issuer "$issuer"' in verify["run"]
+    assert identity["issuer"] == "https://token.actions.githubusercontent.com"
+    assert f"issuer={identity['issuer']}" in verify["run"]
+    assert verify["env"]["IDENTITY"] == "${{ github.server_url }}/${{ github.workflow_ref }}"
+    subject = re.compile(identity["subjectRegExp"])
+    assert subject.fullmatch(IDENTITY.format(version="0.1.0"))
+    assert IDENTITY.format(version="X.Y.Z") in (ROOT / "docs" / "release.md").read_text()
+    for other in (
+        "https://github.com/OWNER/glm5-serve/.github/workflows/ci.yml@refs/tags/v0.1.0",  # another workflow
+        "https://github.com/OWNER/glm5-serve/.github/workflows/release.yml@refs/heads/main",  # not a tag
+        "https://github.com/fork/glm5-serve/.github/workflows/release.yml@refs/tags/v0.1.0",  # another repository
+    ):
+        assert not subject.fullmatch(other), other
+    # The attestation the workflow makes (cosign attest --type cyclonedx: this predicate type).
+    (attestation,) = authority["attestations"]
+    assert set(attestation) <= CIP_FIELDS["attestation"]
+    assert attestation["predicateType"] == "https://cyclonedx.org/bom"
+    assert any("cosign attest --yes --type cyclonedx" in run for run in run_steps(release()["jobs"]["sign"]))
+    # Every release image, by digest (as the docs install it) or by tag; no other image.
+    globs = [image["glob"] for image in spec["images"]]
+    digest = "sha256:" + "1" * 64
+    assert any(glob_matches(g, f"ghcr.io/OWNER/glm5-serve@{digest}") for g in globs)
+    assert any(glob_matches(g, "ghcr.io/OWNER/glm5-serve:0.1.0") for g in globs)
+    assert not any(glob_matches(g, "ghcr.io/OWNER/glm5-serve-other:0.1.0") for g in globs)
