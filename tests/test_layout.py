@@ -44,7 +44,8 @@ def test_throughput_picks_the_size_whose_groups_hold_the_most_requests() -> None
     assert by_size[8].kv_gib_per_gpu == pytest.approx(by_size[1].kv_gib_per_gpu - 7 * step)
     assert chosen.attn_dp_size == 4
     assert [by_size[d].requests for d in (1, 2, 4, 8)] == [26, 44, 60, 16]  # of 16k tokens: estimates
-    assert config.resolve(THROUGHPUT).argv[-2:] == ["--attn-dp-size", "4"]
+    argv = config.resolve(THROUGHPUT).argv
+    assert argv[argv.index("--attn-dp-size") + 1] == "4"
 
 
 def test_a_pinned_size_wins_and_latency_runs_tp_attention() -> None:
@@ -96,4 +97,5 @@ def test_the_dry_run_shows_the_arithmetic_that_chose_the_size() -> None:
     assert f"estimates from {FIXTURE}/config.json" in done.stdout
     rows = [line.split() for line in done.stdout.splitlines() if line.startswith("#   ")]
     assert [r[1] for r in rows[1:]] == ["1", "2", "4", "8"] and rows[3][-2:] == ["<-", "runs"]
-    assert "# decode graphs expected 51 a rank (2..512), prefill shapes 58" in done.stdout
+    # SGLang divides the chunk by the 4 groups and clamps the prefill shapes to it (tests/test_launch.py RESOLVED)
+    assert "# decode graphs expected 51 a rank (2..512), prefill shapes 42" in done.stdout
