@@ -1,10 +1,12 @@
 """The state contract between the kit's processes: the files in the state directory (GLM5_STATE_DIR), the start
-marker line in the server log and the per-build record on the cache volume. Only this module names them.
+marker line in the server log, the count of starts that ended before they were verified beside that log (GLM5_LOG_DIR)
+and the per-build record on the cache volume. Only this module names them.
 
 Each record names the start it is about (`start`); every reader ignores one of another start (`current`,
 `current_failure`). The start numbers count up for as long as the state folder lives (the pod's emptyDir; compose's
-tmpfs: the container's life). One writer per record: after preflight, a start's failure is recorded by
-entrypoint/lifecycle alone (its `record`).
+tmpfs: one run of the container). The count of unverified ends outlives it where the log folder does (compose's
+volume: the container's restarts), stamped with the container it is about (`this_container`). One writer per record:
+after preflight, a start's failure is recorded by entrypoint/lifecycle alone (its `record`).
 
 RECORDS below is the table of every record: its writers and readers, its start stamp and its lifetime (docs/internals.md
 renders it; tests/test_state_records.py holds the writers to the code).
@@ -31,6 +33,7 @@ SERVER_LOG = (
 LAUNCH = "launch.json"
 CAPTURE = "capture.json"
 STOPPED = "stopped.json"
+# In GLM5_LOG_DIR, beside the log of the starts it counts (compose: a volume, where the state folder is a tmpfs).
 HANGS = "hangs.json"
 STARTS = "starts"
 SERVER_CONFIG = "server-config.yaml"
@@ -38,7 +41,8 @@ FAILED = "failed.json"
 DOCTOR = "doctor.json"
 VERIFIED = "verified.json"  # the verification of the latest start (verify/gate.py)
 WATCHED = "watched.json"  # the lifecycle listener's last tick: something watches the server
-FILES = (STARTS, LAUNCH, CAPTURE, STOPPED, HANGS, SERVER_CONFIG, FAILED, DOCTOR, VERIFIED, WATCHED)
+FILES = (STARTS, LAUNCH, CAPTURE, STOPPED, SERVER_CONFIG, FAILED, DOCTOR, VERIFIED, WATCHED)  # not HANGS
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")  # the host's boot (a container reads the host's)
 # Liveness fails once the lifecycle listener (TICK_5) has been silent this long while a start runs: nothing then
 # restarts, records or stops the server (supervisord restarts the listener itself without a limit).
 WATCH_SILENT_SECONDS = 60
@@ -79,7 +83,7 @@ RECORDS: tuple[Record, ...] = (
     Record(CAPTURE, ("healthcheck/probe.py",), "entrypoint/lifecycle's tick (remember), the one writer, when it changes", "every prober", "`start`", "until the next start's is kept", "what the log said of a start once its capture is done or it is ready, its drain and what ended it merged in later (the log's tail window and its rotation lose the start's own lines)"),
     Record(STOPPED, ("entrypoint/launch.py",), "launch --serve, passing a SIGTERM or SIGINT on to the server", "every prober", "`start`", "until overwritten", "the start was told to stop; a start that reached ready reads draining from then on"),
     Record(FAILED, ("entrypoint/launch.py", "entrypoint/lifecycle.py"), "launch --prepare: preflight's refusal, before the first start; from the start on entrypoint/lifecycle alone (`record`: a judged verdict, a crash past the retries, FATAL)", "every prober, launch --failed-code (entrypoint.sh's exit code), entrypoint/lifecycle, people", "`start` (a refusal: the start it refused, the next number), `kind`, `code`", "removed at the next prepare; one of an earlier start is ignored", "a start the kit gave up on: the container stays up showing it (GLM5_ON_FAILURE=wait) and exits with `code` when stopped"),
-    Record(HANGS, ("entrypoint/lifecycle.py",), "entrypoint/lifecycle, when a start hangs or ends before it was verified", "entrypoint/lifecycle, people", "`starts`, a list: it spans starts by design", "removed once a start is ready (verified)", "the starts in a row that ended before they were verified, hung or crashed; past GLM5_START_RETRIES the kit gives up with the last one's kind"),
+    Record(HANGS, ("entrypoint/lifecycle.py",), "entrypoint/lifecycle, when a start hangs or ends before it was verified", "entrypoint/lifecycle (past the bound at a container's start: it gives up at once, starting nothing), people", "`starts`, a list: it spans starts by design; `container`: the host name (Docker: the container's ID; the pod's name) and the host's boot", "in the log folder (GLM5_LOG_DIR: compose's volume, so Docker's restarts of the container keep it; the pod's emptyDir); one of another container or boot is ignored; removed once a start is ready (verified)", "the starts in a row that ended before they were verified, hung or crashed; past GLM5_START_RETRIES the kit gives up with the last one's kind"),
     Record(DOCTOR, ("entrypoint/launch.py",), "launch --prepare", "launch --serve (into launch.json)", "none: the box, checked once per container before its first start", "the container", "the doctor's warnings about this box"),
     Record(VERIFIED, ("verify/gate.py",), "verify/gate, after a start's warm-up; nothing for a start that ended meanwhile", "every prober, the gate, people", "`start`, `build_id`", "until the next start's", "the start's verification: `passed`, `verdict`, `accuracy`, `reasons`, `regressed`, `results` (verify/run.py's summary)"),
     Record(WATCHED, ("entrypoint/lifecycle.py",), "entrypoint/lifecycle, at each tick (TICK_5)", "the healthcheck's liveness (--live)", "none: the container's listener", "the container", "`at`: the lifecycle listener's last tick; silent past WATCH_SILENT_SECONDS while a start runs, liveness fails"),
@@ -253,19 +257,41 @@ def read_stopped(state_dir: str | Path) -> dict[str, Any] | None:
     return read_json(path(state_dir, STOPPED))
 
 
-def count_unverified_end(state_dir: str | Path, start: int | None, kind: str, reason: str) -> int:
-    """Count start `start` as one that ended before it was verified (once), hung or crashed; return how many starts
-    in a row have."""
-    record = read_json(path(state_dir, HANGS)) or {}
+def this_container() -> str:
+    """What the count of unverified ends is about: this container (its host name: Docker's default is the container's
+    ID, the pod's is its name) since the host's boot. A restart of the container keeps both; a new container (compose
+    recreating it) or a reboot does not."""
+    try:
+        boot = BOOT_ID.read_text().strip()
+    except OSError:
+        boot = ""
+    return f"{os.uname().nodename} {boot}".strip()
+
+
+def read_unverified(log_dir: str | Path) -> dict[str, Any] | None:
+    """The count of starts in a row that ended before they were verified (hangs.json), if it is this container's."""
+    record = read_json(Path(log_dir) / HANGS)
+    return record if record is not None and record.get("container") == this_container() else None
+
+
+def count_unverified_end(
+    log_dir: str | Path, start: int | None, kind: str, reason: str, started_at: str | None = None
+) -> int:
+    """Count start `start` (begun at `started_at`) as one that ended before it was verified, once, hung or crashed;
+    return how many starts in a row have. A start number counts again after a container's restart (a new state folder
+    numbers from 1): a start is the one last counted only with the same `started_at`."""
+    record = read_unverified(log_dir) or {}
     starts = [n for n in record.get("starts", []) if isinstance(n, int)]
-    if start not in starts:
-        starts.append(start if start is not None else -1)
-    write_whole(path(state_dir, HANGS), json.dumps({"starts": starts, "kind": kind, "last": reason}) + "\n")
+    number = start if start is not None else -1
+    if not starts or starts[-1] != number or record.get("started_at") != started_at:
+        starts.append(number)
+    row = {"container": this_container(), "starts": starts, "started_at": started_at}
+    write_whole(Path(log_dir) / HANGS, json.dumps(row | {"kind": kind, "last": reason}) + "\n")
     return len(starts)
 
 
-def clear_hangs(state_dir: str | Path) -> None:
-    path(state_dir, HANGS).unlink(missing_ok=True)
+def clear_hangs(log_dir: str | Path) -> None:
+    (Path(log_dir) / HANGS).unlink(missing_ok=True)
 
 
 def read_verified(state_dir: str | Path) -> dict[str, Any] | None:

@@ -157,6 +157,8 @@ def members(environ: Mapping[str, str], box: doctor.Box) -> dict[str, str]:
         return lambda: state.path(values["state_dir"], name).read_text()
 
     readers |= {f"state/{name}": state_file(name) for name in KEPT_STATE}
+    hangs = Path(values["log_dir"]) / state.HANGS  # a state record kept beside the log
+    readers[f"state/{state.HANGS}"] = hangs.read_text
     for member, read in readers.items():
         try:
             text = read()

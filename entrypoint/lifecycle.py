@@ -1,8 +1,10 @@
 """supervisord event listener, the one place that decides what follows what under the one supervisor, and from the
 start on the one recorder of a start's failure (failed.json, configuration/state.py; preflight records only its own
 refusal, before the first start):
-- preflight passed, so start the server (over supervisord's XML-RPC); preflight died without recording why, so record
-  it.
+- preflight passed, so start the server (over supervisord's XML-RPC), unless this container's earlier runs already
+  ended more starts in a row before they were verified than GLM5_START_RETRIES allows (hangs.json, kept beside the log:
+  compose restarts a container with a fresh state tmpfs); then it gives up at once, loading nothing. preflight died
+  without recording why, so record it.
 - The server ended by itself (supervisord's EXITED): a start that was verified (ready) is restarted; one that ended
   before it was verified (a crash while loading, capturing or answering the verification set) is counted across
   starts (hangs.json, whatever its age) and restarted, GLM5_START_RETRIES times in a row at most; then the kit gives
@@ -73,7 +75,8 @@ def give_up(code: int, values: Mapping[str, Any], rpc: Supervisor) -> None:
     LOG.error(
         f"failed (exit code {code}): staying up to show why (healthcheck --status, the exporter, "
         f"{state.path(values['state_dir'], state.FAILED)}); fix the cause, then `docker compose up -d glm5` (it "
-        "re-reads glm5.env; `restart` does not) or delete the pod (GLM5_ON_FAILURE=exit exits instead)"
+        "re-reads glm5.env; --force-recreate after a fix elsewhere: `restart` keeps the count of crashed and hung "
+        "starts) or delete the pod (GLM5_ON_FAILURE=exit exits instead)"
     )
 
 
@@ -110,13 +113,15 @@ def ended(values: Mapping[str, Any], rpc: Supervisor, restart: bool = True) -> s
     if given_up(state_dir):
         return ""
     scan = ended_start(state_dir, values["log_dir"])
-    start = scan.start or (state.read_launch(state_dir) or {}).get("start") or state.starts_made(state_dir)
+    launch = state.read_launch(state_dir) or {}
+    start = scan.start or launch.get("start") or state.starts_made(state_dir)
     if was_verified(scan, state.read_verified(state_dir), values["verify"]):
-        state.clear_hangs(state_dir)  # a verified start ends the row, whether or not a tick saw it ready
+        state.clear_hangs(values["log_dir"])  # a verified start ends the row, seen ready by a tick or not
     else:
         kind, why = phase.crash(scan)
         retries = int(values["start_retries"])
-        count = state.count_unverified_end(state_dir, start, kind, why)
+        began = scan.started_at or (launch.get("started_at") if launch.get("start") == start else None)
+        count = state.count_unverified_end(values["log_dir"], start, kind, why, began)
         if count > retries:
             reason = (  # the cause first: a report cut short (ci/bench's table, an alert's summary) keeps it
                 f"{why} ({count} starts in a row ended before they were verified, GLM5_START_RETRIES={retries}: the "
@@ -134,12 +139,33 @@ def ended(values: Mapping[str, Any], rpc: Supervisor, restart: bool = True) -> s
     return RESTARTED
 
 
+def start_first(values: Mapping[str, Any], rpc: Supervisor) -> None:
+    """Preflight passed: the container's first start, unless the count of starts in a row that ended before they were
+    verified (hangs.json, this container's, kept in the log folder across its restarts) is past GLM5_START_RETRIES
+    already. Then the kit gave up on an earlier run of this container, and a restart policy (compose's `restart:
+    unless-stopped` with GLM5_ON_FAILURE=exit) would load the weights again and again: it gives up at once instead,
+    with the last one's kind."""
+    row = state.read_unverified(values["log_dir"]) or {}
+    retries, count = int(values["start_retries"]), len(row.get("starts", []))
+    if count <= retries:
+        rpc.startProcess(SERVER, False)
+        return
+    kind = row["kind"] if row.get("kind") in FAILURE else "exited"
+    reason = (
+        f"{row.get('last')} ({count} starts in a row ended before they were verified, GLM5_START_RETRIES={retries}, "
+        f"counted across this container's restarts in {Path(values['log_dir']) / state.HANGS}: the kit starts no "
+        "server; a new container counts afresh: `docker compose up -d --force-recreate glm5`, or delete the pod)"
+    )
+    state_dir = values["state_dir"]
+    give_up(record(state_dir, state.starts_made(state_dir) + 1, kind, reason), values, rpc)
+
+
 def on_event(name: str, event: Mapping[str, str], values: Mapping[str, Any], rpc: Supervisor) -> None:
     process = event.get("processname")
     state_dir = values["state_dir"]
     if name == "PROCESS_STATE_EXITED" and process == PREFLIGHT:
         if event.get("expected") == "1":
-            rpc.startProcess(SERVER, False)
+            start_first(values, rpc)
             return
         code = int(rpc.getProcessInfo(PREFLIGHT).get("exitstatus") or FAILED)
         # It died before it could say why (a traceback, a kill): its code, where to look.
@@ -168,39 +194,39 @@ def on_event(name: str, event: Mapping[str, str], values: Mapping[str, Any], rpc
 RESTARTED, STOPPED = "restarted", "stopped"  # what watch and ended did
 
 
-def watch(rpc: Supervisor, judge: Callable[[], Verdict | None], state_dir: str, retries: int) -> str | None:
+def watch(values: Mapping[str, Any], rpc: Supervisor, judge: Callable[[], Verdict | None]) -> str | None:
     """Act on the running server's verdict: a hung start is restarted (RESTARTED), counted with the starts that ended
-    before they were verified (hangs.json), `retries` times in a row at most, then recorded with where it hung and
-    the fix (exit code 73) and stopped (STOPPED); a start failed for a reason a restart cannot clear is recorded
-    (STOPPED: the caller gives up; the server keeps running, out of service, for a look); None: nothing to do. A
-    start that reaches ready clears the count."""
+    before they were verified (hangs.json), GLM5_START_RETRIES times in a row at most, then recorded with where it
+    hung and the fix (exit code 73), stopped, and given up on (STOPPED); a start failed for a reason a restart cannot
+    clear is recorded and given up on (STOPPED; the server keeps running, out of service, for a look); None: nothing
+    to do. The code given up with is the one `record` decided. A start that reaches ready clears the count."""
+    state_dir, retries = values["state_dir"], int(values["start_retries"])
     if given_up(state_dir) or rpc.getProcessInfo(SERVER).get("statename") not in ("STARTING", "RUNNING"):
         return None
     found = judge()
     if found is None or (found.start is not None and found.start < state.starts_made(state_dir)):
         return None  # an earlier start's log: the latest has begun and not printed its marker yet
-    if found.phase is Phase.READY and state.path(state_dir, state.HANGS).exists():
-        state.clear_hangs(state_dir)
+    if found.phase is Phase.READY and (Path(values["log_dir"]) / state.HANGS).exists():
+        state.clear_hangs(values["log_dir"])
     if found.phase is Phase.FAILED and not found.hung and found.failure_kind in FAILURE:
         if FAILURE[found.failure_kind].restart or found.start is None:
             return None  # a crash: its server ends, and `ended` decides (no marker: not a start of this kit)
-        record(state_dir, found.start, found.failure_kind, str(found.reason))
+        give_up(record(state_dir, found.start, found.failure_kind, str(found.reason)), values, rpc)
         return STOPPED
     if not found.hung:
         return None
-    hangs = state.count_unverified_end(state_dir, found.start, "hung", str(found.reason))
+    hangs = state.count_unverified_end(
+        values["log_dir"], found.start, "hung", str(found.reason), found.started_at
+    )
     if hangs > retries:
         reason = (
             f"{hangs} starts in a row ended before they were verified (GLM5_START_RETRIES={retries}), the last hung, "
             f"so the kit no longer restarts it; the last: {found.reason}"
         )
-        record(
-            state_dir,
-            found.start if found.start is not None else state.starts_made(state_dir),
-            "hung",
-            reason,
-        )
+        start = found.start if found.start is not None else state.starts_made(state_dir)
+        code = record(state_dir, start, "hung", reason)
         rpc.stopProcess(SERVER, True)
+        give_up(code, values, rpc)
         return STOPPED
     LOG.error(
         f"{found.reason}: restarting the server ({hangs} of {retries + 1} starts in a row ended before they were "
@@ -222,7 +248,7 @@ def keep(state_dir: str, data: bytes) -> None:
 
 def tick(values: Mapping[str, Any], rpc: Supervisor) -> None:
     """TICK_5: say it watches (watched.json: liveness reads it), keep the start's facts, then act on its verdict
-    (watch), the log's tail read once for both."""
+    (watch, which gives up itself with the code it recorded), the log's tail read once for both."""
     try:
         state.write_watched(values["state_dir"], datetime.datetime.now(datetime.UTC))
     except OSError as err:
@@ -238,9 +264,7 @@ def tick(values: Mapping[str, Any], rpc: Supervisor) -> None:
         except Problems:
             return None
 
-    if watch(rpc, judge, values["state_dir"], int(values["start_retries"])) == STOPPED:
-        failed = state.read_failed(values["state_dir"]) or {}
-        give_up(int(failed.get("code", FAILED)), values, rpc)
+    watch(values, rpc, judge)
 
 
 def main(argv: list[str] | None = None) -> int:

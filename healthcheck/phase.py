@@ -35,8 +35,8 @@ def recorded(v: Verdict, obs: Observation) -> Verdict:
     then = (
         "the container exits with it (GLM5_ON_FAILURE=exit)"
         if obs.run.on_failure == "exit"
-        else "the container waits: fix it, then `docker compose up -d glm5` (it re-reads glm5.env; `restart` does "
-        "not) or delete the pod"
+        else "the container waits: fix it, then `docker compose up -d glm5` (it re-reads glm5.env; --force-recreate "
+        "after a fix elsewhere: `restart` keeps the count of crashed and hung starts) or delete the pod"
     )
     return v._replace(
         phase=Phase.FAILED,
@@ -255,8 +255,8 @@ def gated(v: Verdict, obs: Observation) -> Verdict:
         return v._replace(
             phase=Phase.FAILED,
             failure_kind="degenerate_answers",
-            reason=f"verification failed, every answer empty or one token repeated, as NaN decode logits leave them "
-            f"(twice): {reasons}; next try: {FAILURE['degenerate_answers'].fix}",
+            reason=f"verification failed, every answer empty, one token repeated or ending in a run of one, as NaN "
+            f"decode logits leave them (twice): {reasons}; next try: {FAILURE['degenerate_answers'].fix}",
         )
     if found.verdict == "inconclusive":
         return v._replace(

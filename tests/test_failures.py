@@ -98,7 +98,7 @@ def give_up(kind: str, tmp: Path) -> FakeSupervisor:
         (tmp / state.STARTS).write_text("1")
         found = JUDGED[kind]()
         assert (found.phase, found.failure_kind) == ("failed", kind), found
-        assert lifecycle.watch(rpc, lambda: found, str(tmp), RETRIES) == lifecycle.STOPPED
+        assert lifecycle.watch(run, rpc, lambda: found) == lifecycle.STOPPED
         return rpc
     for start in range(1, RETRIES + 2):  # each start ends the same way before it is verified
         (tmp / state.STARTS).write_text(str(start))
@@ -107,7 +107,7 @@ def give_up(kind: str, tmp: Path) -> FakeSupervisor:
         if kind == "hung":
             found = judged(marker(start) + LOADING, alive=True, quiet=2000)
             assert found.hung, found
-            acted = lifecycle.watch(rpc, lambda found=found: found, str(tmp), RETRIES)
+            acted = lifecycle.watch(run, rpc, lambda found=found: found)
         else:
             acted = lifecycle.ended(run, rpc, restart=True)
         assert acted == (lifecycle.STOPPED if start > RETRIES else lifecycle.RESTARTED), (kind, start)
@@ -165,7 +165,7 @@ def test_a_crash_after_the_start_was_verified_restarts_and_counts_nothing(tmp_pa
     state.write_verified(tmp_path, {"start": 1, "passed": True})
     for _ in range(RETRIES + 2):
         assert lifecycle.ended(run, rpc, restart=True) == lifecycle.RESTARTED
-    assert not (tmp_path / state.HANGS).exists() and state.read_failed(tmp_path) is None
+    assert not (tmp_path / "log" / state.HANGS).exists() and state.read_failed(tmp_path) is None
     assert rpc.calls == ["start sglang"] * (RETRIES + 2)
 
 
@@ -182,13 +182,13 @@ def test_a_verified_start_whose_lines_left_the_tail_is_still_verified_when_it_cr
     assert kept is not None
     state.write_capture(tmp_path, kept)  # as the tick keeps it
     state.write_verified(tmp_path, {"start": 2, "passed": True})
-    state.count_unverified_end(tmp_path, 1, "sigquit", "start #1 crashed")  # the row before it
+    state.count_unverified_end(tmp_path / "log", 1, "sigquit", "start #1 crashed")  # the row before it
     batch = b"[2026-12-03 10:00:00 TP0] Decode batch, #running-req: 3, #token: 9000, cuda graph: True\n"
     with log.open("ab") as fh:
         fh.write(batch * (5 * 2**20 // len(batch)) + CRASH_LINES["sigquit"])
     assert logscan.scan(logscan.read_tail(log)).start is None  # the tail alone knows nothing of start #2
     assert lifecycle.ended(run, rpc) == lifecycle.RESTARTED and rpc.calls == ["start sglang"]
-    assert not (tmp_path / state.HANGS).exists() and state.read_failed(tmp_path) is None
+    assert not (tmp_path / "log" / state.HANGS).exists() and state.read_failed(tmp_path) is None
 
 
 def test_the_tick_never_acts_on_an_earlier_starts_log(tmp_path: Path) -> None:
@@ -197,5 +197,5 @@ def test_the_tick_never_acts_on_an_earlier_starts_log(tmp_path: Path) -> None:
     (tmp_path / state.STARTS).write_text("2")
     old = JUDGED["decode_short"]()
     assert old.start == 1 and old.phase == "failed"
-    assert lifecycle.watch(FakeSupervisor(), lambda: old, str(tmp_path), RETRIES) is None
+    assert lifecycle.watch(values(tmp_path), FakeSupervisor(), lambda: old) is None
     assert state.read_failed(tmp_path) is None

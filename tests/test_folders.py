@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -158,6 +159,17 @@ class FakeSupervisor:
         return True
 
 
+def listener_values(folder: Path, retries: int, on_failure: str = "wait") -> dict[str, Any]:
+    """What entrypoint/lifecycle's watch reads of the settings: the state and log folders (one folder here), the
+    retries and GLM5_ON_FAILURE."""
+    return {
+        "state_dir": str(folder),
+        "log_dir": str(folder),
+        "start_retries": retries,
+        "on_failure": on_failure,
+    }
+
+
 def folders(tmp: Path) -> dict[str, str]:
     return {"GLM5_STATE_DIR": str(tmp / "gone" / "run"), "GLM5_LOG_DIR": str(tmp / "log")}
 
@@ -243,6 +255,6 @@ def test_the_watchdog_restarts_a_running_server_only_when_its_start_is_hung(tmp_
         ("FATAL", hung, []),  # gave up: the failure waits for a fix
     ):
         rpc = FakeSupervisor(statename=statename)
-        acted = lifecycle.watch(rpc, lambda found=found: found, str(tmp_path), 5)
+        acted = lifecycle.watch(listener_values(tmp_path, 5), rpc, lambda found=found: found)
         assert acted == (lifecycle.RESTARTED if calls else None), statename
         assert rpc.calls == calls, statename

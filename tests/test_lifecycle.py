@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from configuration import state
 from conftest import ROOT, image_folders
 from helpers.container import Container, free_port, start, stop_inside
 from helpers.container import exporter_samples as scrape
@@ -133,6 +135,30 @@ def test_with_on_failure_exit_the_container_exits_at_once_with_the_code(
     containers.append(c)
     assert c.proc.wait(timeout=30) == code  # type: ignore[attr-defined]
     assert "spawned: 'sglang'" not in c.entrypoint_output.read_text()
+
+
+def test_with_on_failure_exit_a_restarted_container_keeps_the_bound_and_starts_nothing(
+    tmp_path: Path, containers: list[Container]
+) -> None:
+    """Issue 52: compose's state folder is a tmpfs, new at each restart of the container, and the count of starts
+    that ended before they were verified lived there: with GLM5_ON_FAILURE=exit and `restart: unless-stopped` each
+    restart made GLM5_START_RETRIES + 1 more starts (on the box as many loads of 410 GB), without end. Docker's
+    restart here: the same log folder (compose's volume), a new state folder."""
+    first, _port = boot(tmp_path, "crash-loading", GLM5_ON_FAILURE="exit")
+    containers.append(first)
+    assert first.proc.wait(timeout=60) == 70  # type: ignore[attr-defined]
+    starts = first.log.read_text().count(state.MARKER_TEXT)
+    assert starts == 2  # the first start and GLM5_START_RETRIES=1
+    for _restart in range(2):
+        shutil.rmtree(tmp_path / "run")  # the tmpfs goes with the container
+        said = first.entrypoint_output.stat().st_size
+        again, _port = boot(tmp_path, "crash-loading", GLM5_ON_FAILURE="exit")
+        containers.append(again)
+        assert again.proc.wait(timeout=60) == 70  # type: ignore[attr-defined]
+        shown = again.entrypoint_output.read_text()[said:]
+        assert again.log.read_text().count(state.MARKER_TEXT) == starts, f"the server started again:\n{shown}"
+        assert "spawned: 'sglang'" not in shown
+        assert "counted across this container's restarts" in shown and "--force-recreate" in shown, shown
 
 
 @NEEDS_BWRAP

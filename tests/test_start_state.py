@@ -39,7 +39,7 @@ RELOAD_SECONDS = 15
 def snapshot(c: Container) -> dict[str, Any]:
     """The healthcheck's JSON now, with hangs.json as it stands."""
     _code, found = healthcheck_json(c.target.env)
-    return found | {"hangs": state.read_json(c.tmp / "run" / state.HANGS)}
+    return found | {"hangs": state.read_json(c.tmp / "log" / state.HANGS)}
 
 
 def polled(c: Container, done: Any, timeout: float) -> tuple[dict[str, Any], list[dict[str, Any]]]:

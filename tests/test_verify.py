@@ -30,7 +30,7 @@ from healthcheck import probe
 from healthcheck.verdict import Recorded, Verdict
 from helpers import oracles
 from helpers.judging import judged
-from test_folders import FakeSupervisor
+from test_folders import FakeSupervisor, listener_values
 from verify import gate, items, run
 
 BENCH_PYTHON = ROOT / ".venv-bench" / "bin" / "python"
@@ -175,7 +175,7 @@ def test_a_start_judged_wrong_is_recorded_by_the_listener_with_its_exit_code_und
         state.clear_failed(tmp_path)
         found = ready(verified)
         assert (
-            lifecycle.watch(FakeSupervisor(), lambda found=found: found, str(tmp_path), 2)
+            lifecycle.watch(listener_values(tmp_path, 2), FakeSupervisor(), lambda found=found: found)
             == lifecycle.STOPPED
         )
         failed = json.loads((tmp_path / "failed.json").read_text())
@@ -192,7 +192,7 @@ def test_a_start_judged_wrong_is_recorded_by_the_listener_with_its_exit_code_und
     served = ready(wrong, verify="report")
     assert (
         served.phase == "ready"
-        and lifecycle.watch(FakeSupervisor(), lambda: served, str(tmp_path), 2) is None
+        and lifecycle.watch(listener_values(tmp_path, 2), FakeSupervisor(), lambda: served) is None
     )
     assert not (tmp_path / "failed.json").exists()  # serving anyway: no failure
 
@@ -647,3 +647,36 @@ def test_every_answer_empty_or_one_token_repeated_is_degenerate_not_wrong() -> N
     assert run.outcome(mixed) == "wrong"  # some degenerate, not all
     found = probe.verification_of(run.summary(run.run(every({"content": ""}), "glm-5")) | {"start": 1}, 1)
     assert found is not None and found.verdict == "degenerate"
+
+
+def first_token_then_a_run(request: dict[str, Any]) -> run.Reply:
+    """What NaN decode logits give (the audit's F6, ../shared/research/audits-2026-12-07/start-audit-2026-12-07.md):
+    the first token is sampled from the prefill's logits, so it is right; every later greedy step takes the argmax of
+    an all-NaN row, index 0 ("!" here), to the token bound."""
+    prompt = request["messages"][0]["content"]
+    item = next(i for i in items.generate() if i.prompt == prompt)
+    first = {"json": '{"', "tool": "<tool_call>", "reasoning": "A train"}.get(
+        item.kind, str(item.expected)[:4]
+    )
+    return run.Reply({"content": first + "!" * (request["max_tokens"] - 1)}, 100_000, "length")
+
+
+def test_a_reply_that_ends_in_a_run_of_one_repeated_token_is_degenerate_and_never_right() -> None:
+    """Issue 52: the judges scored `Paris!!!!...` (and `133!!!!...`) right and not degenerate, so a broken decode
+    failed as wrong_answers and the operator lost the GLM5_DSA_BACKEND hint of degenerate_answers."""
+    fact = next(i for i in items.generate() if i.id == "fact-france")
+    sums = next(i for i in items.generate() if i.kind == "arithmetic")
+    for item, text in ((fact, "Paris" + "!" * 15), (sums, f"{sums.expected}" + "!" * 15),
+                       (fact, "Paris" + " the" * 12), (fact, "Paris" + "\n" * 15)):  # fmt: skip
+        assert run.degenerate({"content": text}), text
+        right, received = run.judged(item, run.Reply({"content": text}, 30, "length"))
+        assert not right and received.endswith("(degenerate: it ends in a run of one repeated token)"), text
+    thought = {"content": "", "reasoning_content": "A train" + "!" * 40}
+    assert run.degenerate(thought) and run.degenerate({"content": '{"parcel": "' + "!" * 50})
+    # a right reply, a reasoning before the reply, a short run: not degenerate
+    assert not run.degenerate({"content": "Paris!!!"}) and not run.degenerate({"content": "1000000"})
+    assert not run.degenerate({"content": "5:15 pm", "reasoning_content": "think " * 40})
+    assert run.judged(fact, run.Reply({"content": "Paris."}, 30, "stop")) == (True, "Paris.")
+    results = run.run(first_token_then_a_run, "glm-5")
+    assert not any(r.right for r in results), [r.id for r in results if r.right]
+    assert run.outcome(results) == "degenerate" and run.summary(results)["verdict"] == "degenerate"

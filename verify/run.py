@@ -15,9 +15,12 @@ wholesale (one batch size's, one context length's, every tool call), while a cor
 - A run that fails is run once more (`settled`): the start is judged by the second run, so that a transient fault
   (a dropped connection, a batch composed differently) never fails a start alone. Greedy answers repeat, so a right
   model's wording cannot be cured by the rerun: that is the judges' part.
-- The verdict: `passed`; `degenerate` when every item's reply is empty or one token repeated (what NaN decode
-  logits give: the attention backend's fault, not an item's); `wrong` when a group fails on its wrong answers alone;
-  else `inconclusive` (a group fails only with its inconclusive items counted).
+- A reply that ends in a run of one repeated token is degenerate and never right, whatever came before the run: NaN
+  decode logits leave the first token right (it is sampled from the prefill's logits) and every later greedy step the
+  same argmax, so `Paris!!!!!!...` is no right answer.
+- The verdict: `passed`; `degenerate` when every item's reply is empty, one token repeated or ends in such a run (what
+  NaN decode logits give: the attention backend's fault, not an item's); `wrong` when a group fails on its wrong
+  answers alone; else `inconclusive` (a group fails only with its inconclusive items counted).
 """
 
 from __future__ import annotations
@@ -34,6 +37,11 @@ from typing import Any
 from verify import items as item_set
 
 LENGTH_FACTOR = 4
+# A reply that ends in RUN_REPEATS or more copies of one piece of text up to RUN_UNIT characters long (a token, its
+# spaces kept) ends in a run of one repeated token: NaN decode logits run one to the token bound (16 at the least,
+# the first token from the prefill), and no answer of the set ends in 8 copies of anything.
+RUN_REPEATS, RUN_UNIT = 8, 16
+RUN_NAMED = "degenerate: it ends in a run of one repeated token"
 TRANSPORT_ATTEMPTS = 3
 TRANSPORT_PAUSE = 5.0  # seconds between the asks of an item that got an HTTP error or timed out
 # The share of a group's items that may miss (rounded down), per kind, and why.
@@ -156,6 +164,8 @@ def judged(item: item_set.Item, reply: Reply) -> tuple[bool, str]:
         right, received = item.judge(reply.message)
     except (KeyError, TypeError, AttributeError, ValueError) as err:  # a reply the judge cannot read: wrong
         return False, f"unreadable reply ({type(err).__name__}: {err}): {str(reply.message)[:80]}"
+    if right and degenerate(reply.message):
+        return False, f"{received} ({RUN_NAMED})"
     if right and item.min_prompt_tokens and reply.prompt_tokens is not None:
         if reply.prompt_tokens < item.min_prompt_tokens:
             return (
@@ -166,13 +176,25 @@ def judged(item: item_set.Item, reply: Reply) -> tuple[bool, str]:
 
 
 def degenerate(message: dict[str, Any]) -> bool:
-    """A reply as NaN decode logits leave it: nothing at all, or one token over and over (the same argmax at every
-    greedy step), in its reply and its reasoning alike; a tool call is never degenerate."""
+    """A reply as NaN decode logits leave it: nothing at all, one token over and over (the same argmax at every
+    greedy step), in its reply and its reasoning alike, or a reply that ends in a run of one token (its first token,
+    from the prefill, right); a tool call is never degenerate."""
     if message.get("tool_calls"):
         return False
-    text = " ".join(str(message.get(k) or "") for k in ("content", "reasoning_content")).strip()
+    content, thought = (str(message.get(k) or "") for k in ("content", "reasoning_content"))
+    text = f"{content} {thought}".strip()
     words = text.split()
-    return not words or (len(words) >= 4 and len(set(words)) == 1) or (len(text) >= 8 and len(set(text)) == 1)
+    if not words or (len(words) >= 4 and len(set(words)) == 1) or (len(text) >= 8 and len(set(text)) == 1):
+        return True
+    return ends_in_run(content if content.strip() else thought)  # the reply's end: a thought is decoded first
+
+
+def ends_in_run(text: str) -> bool:
+    """TEXT ends in RUN_REPEATS copies of one piece of it, up to RUN_UNIT characters long."""
+    return any(
+        len(text) >= size * RUN_REPEATS and text.endswith(text[-size:] * RUN_REPEATS)
+        for size in range(1, RUN_UNIT + 1)
+    )
 
 
 def one(ask: Ask, model: str, item: item_set.Item, pause: float = TRANSPORT_PAUSE) -> Result:
@@ -263,8 +285,8 @@ def verdict(results: list[Result]) -> tuple[bool, list[str]]:
 
 
 def outcome(results: list[Result]) -> str:
-    """passed; degenerate (every answer empty or one token repeated: what NaN decode logits give, common/report.py
-    FAILURES `degenerate_answers`); wrong (a group fails on its wrong answers alone); inconclusive (only with
+    """passed; degenerate (every answer empty, one token repeated or ending in a run of one: what NaN decode logits
+    give, common/report.py FAILURES `degenerate_answers`); wrong (a group fails on its wrong answers alone); inconclusive (only with
     inconclusive items)."""
     failing = failing_groups(results)
     if not failing:

@@ -20,7 +20,7 @@ with concurrency; chat answers with SGLANG_DOUBLE_ANSWER_TOKENS of thinking; `Pr
 lines; all under SGLANG_DOUBLE_TIME_SCALE), crash-verifying (on the first start only, once ready, the
 scheduler dies at the SGLANG_DOUBLE_CRASH_AFTER_REQUESTS-th chat completion request, default 3: the verification's
 first real traffic; the server then ends as 0.5.23 does, see `scheduler_crash`), crash-verifying-always (the same on
-every start), nan-logits (every chat answer one token repeated to its bound, no reasoning, no tool call: what NaN decode logits give, as reported on this box class with one DSA backend, entrypoint/glm5.toml GLM5_DSA_BACKEND). SGLANG_DOUBLE_RELOAD_SECONDS (default 0): every start after the first reloads the weights for this long
+every start), nan-logits (every chat answer's first token right, as sampled from the prefill's logits, then one token repeated to its bound, no reasoning, no tool call: what NaN decode logits give, as reported on this box class with one DSA backend, entrypoint/glm5.toml GLM5_DSA_BACKEND). SGLANG_DOUBLE_RELOAD_SECONDS (default 0): every start after the first reloads the weights for this long
 between its `Load weight begin` and `Load weight end` lines (the box's reload of 410 GB, scaled down), with a shard
 progress line a second as SGLang's loader prints them, so that the log never goes quiet.
 
@@ -666,11 +666,9 @@ class Handler(BaseHTTPRequestHandler):
             message["content"] = f"<think>{reasoning}</think>{text}"
         elif reasoning:
             message["reasoning_content"] = reasoning
-        if "nan-logits" in MODES:  # every step's argmax the same index: one token to the bound, nothing else
-            message, finish = (
-                {"role": "assistant", "content": "!" * min(int(body.get("max_tokens") or 16), 64)},
-                "length",
-            )
+        if "nan-logits" in MODES:  # the first token from the prefill, then every step's argmax: index 0
+            bound = min(int(body.get("max_tokens") or 16), 64)
+            message, finish = {"role": "assistant", "content": text[:4] + "!" * (bound - 1)}, "length"
         thinking_tokens = self.answer_tokens() if BOX else 0
         if thinking_tokens and not body.get("stream"):  # the whole answer is decoded before it is sent
             message["reasoning_content"] = " ".join(
