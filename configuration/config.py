@@ -199,7 +199,7 @@ def resolve(environ: Mapping[str, str], config: Mapping[str, Any] | None = None)
             )
         )
     try:
-        chosen = layout.resolve(values, config)
+        chosen = layout.resolve(values, config, bool(environ.get("GLM5_MEM_FRACTION_STATIC", "").strip()))
     except Problem as problem:
         problems.append(problem)
         chosen = layout.Layout("latency", 1, (), "", "latency")
@@ -237,6 +237,8 @@ def resolve(environ: Mapping[str, str], config: Mapping[str, Any] | None = None)
     for setting in decls.values():
         argv += setting.flags.get(str(values[setting.key]), [])
     argv += chosen.flags()
+    if chosen.mem_fraction is not None and "--mem-fraction-static" in argv:  # the DP graphs' room (layout.py)
+        argv[argv.index("--mem-fraction-static") + 1] = f"{chosen.mem_fraction:.2f}"
     argv += values["extra_args"]
     if secret_options:
         argv += [CONFIG_FLAG, str(Path(values["state_dir"]) / SERVER_CONFIG)]

@@ -3,9 +3,15 @@
 latency: TP attention over every GPU (attention-DP size 1): each GPU holds every request's MLA cache, one latent row
 a token a layer (sglang 0.5.23 mem_cache/kv_cache_configurator.py: not split by heads). throughput: attention
 data-parallel over D groups of tp/D GPUs: a group holds only its own requests' cache, but each of its GPUs holds
-1/(tp/D) of the attention weights instead of 1/tp. Per GPU, after the weights, the KV pool is
-    budget - other weights - attention x D / tp,    budget = mem_fraction_static x the GPU's memory,
-and the replica holds D pools. `auto` takes the D whose pools hold the most requests of [gateway].context_tokens.
+1/(tp/D) of the attention weights instead of 1/tp, and of the input embedding, which 0.5.23 splits over the
+attention-TP group (srt/layers/vocab_parallel_embedding.py, use_attn_tp_group). Per GPU, after the weights, the KV
+pool is
+    budget - other weights - (attention + embedding) x D / tp,    budget = mem_fraction_static x the GPU's memory,
+and the replica holds D pools. Under DP attention each rank's decode graphs gather every group's rows, and 0.5.23's
+own reserve for graphs grows by D x max_bs x 3 MB (and x 1.5 more above 300: srt/arg_groups/memory_hook.py
+reserve_for_graph_mb): unless GLM5_MEM_FRACTION_STATIC is set, a throughput start gives that much of the static share
+back (`mem_fraction`), so the graphs keep the room the latency profile measured for them. `auto` takes the D whose
+pools hold the most requests of [gateway].context_tokens.
 The figures are glm5.toml [layout]'s and the checkpoint's dimensions (its config.json when readable): ESTIMATES, to
 be measured on the box (ci/bench --sweep).
 """
@@ -13,17 +19,20 @@ be measured on the box (ci/bench --sweep).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from common.report import Problem
+from configuration.batch_sizes import decode_capture_sizes
 
 GIB = 2**30
 MIB = 2**20
 DIMENSIONS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "q_lora_rank", "kv_lora_rank",
-              "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "index_n_heads", "index_head_dim")  # fmt: skip
+              "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "index_n_heads", "index_head_dim",
+              "vocab_size")  # fmt: skip
 ATTENTION_EXCLUDED = "model.layers.*.self_attn*"  # hf_quant_config.json: attention left out of NVFP4 (BF16)
 NVFP4_BYTES = 0.5 + 1 / 16  # 4 bits a weight and an 8-bit scale per 16 (group_size 16)
 
@@ -62,6 +71,10 @@ class Model:
     def attention_bytes(self) -> float:
         return self.attention_params() * (2 if self.attention_bf16 else NVFP4_BYTES)
 
+    def embedding_bytes(self) -> float:
+        """The input embedding, vocab_size x hidden_size in BF16 (left out of NVFP4)."""
+        return 2.0 * self.dims["vocab_size"] * self.dims["hidden_size"]
+
     def kv_bytes_per_token(self, kv_cache_dtype: str) -> int:
         """One token's cache over every layer: the MLA row (fp8: the latent in fp8 with a 4-byte scale per 128, the
         rope part in bf16, sglang mem_cache/kv_cache_configurator.py; bf16: both in bf16) and the indexer's key
@@ -77,6 +90,7 @@ class Option:
     """One attention-DP size and what it leaves for the KV cache."""
 
     attn_dp_size: int
+    mem_fraction: float  # the static share this size runs with (--mem-fraction-static)
     attention_gib_per_gpu: float
     kv_gib_per_gpu: float
     pool_tokens: int  # one group's pool (every GPU of a group holds the same cache)
@@ -100,6 +114,12 @@ class Layout:
     def flags(self) -> list[str]:
         return ["--attn-dp-size", str(self.attn_dp_size)] if self.attn_dp_size > 1 else []
 
+    @property
+    def mem_fraction(self) -> float | None:
+        """The static share the chosen size runs with; None: the setting's, unchanged (latency)."""
+        chosen = [o for o in self.options if o.attn_dp_size == self.attn_dp_size]
+        return chosen[0].mem_fraction if chosen and self.attn_dp_size > 1 else None
+
     def explain(self, context_tokens: int) -> list[str]:
         """The dry run's lines: what each size leaves and which one runs."""
         if self.profile == "latency":
@@ -114,13 +134,13 @@ class Layout:
                 else f"(auto: the most requests of {context_tokens} tokens)"
             )
             + f"; estimates from {self.model_source} and glm5.toml [layout]",
-            "  D  attention GiB/GPU  KV GiB/GPU  tokens a group  tokens a replica  requests",
+            "  D  static share  attention GiB/GPU  KV GiB/GPU  tokens a group  tokens a replica  requests",
         ]
         for o in self.options:
             mark = "  <- runs" if o.attn_dp_size == self.attn_dp_size else ""
             lines.append(
-                f"  {o.attn_dp_size}  {o.attention_gib_per_gpu:17.2f}  {o.kv_gib_per_gpu:10.2f}  "
-                f"{o.pool_tokens:14d}  {o.replica_tokens:16d}  {o.requests:8d}{mark}"
+                f"  {o.attn_dp_size}  {o.mem_fraction:12.2f}  {o.attention_gib_per_gpu:17.2f}  "
+                f"{o.kv_gib_per_gpu:10.2f}  {o.pool_tokens:14d}  {o.replica_tokens:16d}  {o.requests:8d}{mark}"
             )
         return lines
 
@@ -142,21 +162,46 @@ def model_of(model_dir: str, recorded: Mapping[str, Any]) -> Model:
     return Model(dims, ATTENTION_EXCLUDED in excluded, f"{folder / 'config.json'}")
 
 
-def option(model: Model, size: int, values: Mapping[str, Any], layout: Mapping[str, Any]) -> Option:
-    budget = values["mem_fraction_static"] * layout["gpu_memory_mib"] * MIB
+def graph_reserve_mib(size: int, max_bs: int) -> float:
+    """What 0.5.23's own reserve for the decode graphs adds under DP attention over `size` groups, in MiB
+    (srt/arg_groups/memory_hook.py reserve_for_graph_mb: max_bs x D x 3, and x 1.5 more when max_bs > 300); 0 at D=1."""
+    if size <= 1:
+        return 0.0
+    return max_bs * size * 3 + (max_bs * size * 1.5 if max_bs > 300 else 0.0)
+
+
+def fraction_for(size: int, values: Mapping[str, Any], layout: Mapping[str, Any], pinned: bool) -> float:
+    """The static share a size runs with: GLM5_MEM_FRACTION_STATIC as set, else its default less what the DP
+    graphs reserve beyond the latency profile's (rounded down to a hundredth)."""
+    base = float(values["mem_fraction_static"])
+    if pinned or size <= 1:
+        return base
+    max_bs = decode_capture_sizes(
+        values["cuda_graph_max_bs_decode"], values["speculative"] != "off", values["max_running_requests"],
+        size, int(values["gpu_count"]),
+    )[-1]  # fmt: skip
+    return math.floor((base - graph_reserve_mib(size, max_bs) / layout["gpu_memory_mib"]) * 100) / 100
+
+
+def option(
+    model: Model, size: int, values: Mapping[str, Any], layout: Mapping[str, Any], pinned: bool = False
+) -> Option:
+    fraction = fraction_for(size, values, layout, pinned)
+    budget = fraction * layout["gpu_memory_mib"] * MIB
     tp = int(values["gpu_count"])
-    attention_tp8 = model.attention_bytes() / tp
-    others = layout["weights_gib_per_gpu"] * GIB - attention_tp8
+    split = (model.attention_bytes() + model.embedding_bytes()) / tp  # both split tp ways at D=1
+    others = layout["weights_gib_per_gpu"] * GIB - split
     attention = model.attention_bytes() * size / tp
-    kv = max(0.0, budget - others - attention)
+    kv = max(0.0, budget - others - attention - model.embedding_bytes() * size / tp)
     pool = int(kv // model.kv_bytes_per_token(values["kv_cache_dtype"]))
     requests = size * (pool // int(values["context_tokens"]))
-    return Option(size, attention / GIB, kv / GIB, pool, requests)
+    return Option(size, fraction, attention / GIB, kv / GIB, pool, requests)
 
 
-def resolve(values: Mapping[str, Any], config: Mapping[str, Any]) -> Layout:
+def resolve(values: Mapping[str, Any], config: Mapping[str, Any], fraction_pinned: bool = False) -> Layout:
     """The layout under the resolved settings (`values`: GLM5_PROFILE, GLM5_ATTN_DP_SIZE, the memory fraction, the
-    KV dtype and [gateway].context_tokens); raises a Problem naming the setting when they disagree."""
+    KV dtype and [gateway].context_tokens; `fraction_pinned`: GLM5_MEM_FRACTION_STATIC was set, and every size runs
+    with it); raises a Problem naming the setting when they disagree."""
     layout = config["layout"]
     profile, pinned = values["profile"], values["attn_dp_choice"]
     if profile == "latency":
@@ -169,9 +214,24 @@ def resolve(values: Mapping[str, Any], config: Mapping[str, Any]) -> Layout:
         return Layout(profile, 1, (), "", "latency")
     model = model_of(values["model_dir"], layout["model"])
     context = {"context_tokens": config["gateway"]["context_tokens"]}
-    sizes = [1, *(int(size) for size in layout["attn_dp_sizes"])]
-    options = tuple(option(model, size, {**values, **context}, layout) for size in sizes)
+    tp = int(values["gpu_count"])
+    sizes = [1, *(int(size) for size in layout["attn_dp_sizes"] if tp % int(size) == 0 and int(size) <= tp)]
+    if pinned != "auto" and int(pinned) not in sizes:
+        raise Problem(
+            "GLM5_ATTN_DP_SIZE",
+            f"{pinned} does not divide the {tp} GPUs into attention groups",
+            f"use one of {', '.join(str(s) for s in sizes[1:]) or 'none: GLM5_PROFILE=latency'}, or auto",
+        )
+    options = tuple(option(model, size, {**values, **context}, layout, fraction_pinned) for size in sizes)
     if pinned != "auto":
+        runs = next(o for o in options if o.attn_dp_size == int(pinned))
+        if runs.pool_tokens <= 0:
+            raise Problem(
+                "GLM5_ATTN_DP_SIZE",
+                f"{pinned} leaves no KV cache by the estimate: at a static share of {runs.mem_fraction:.2f} its "
+                f"attention, embedding and other weights take all of it (`entrypoint/launch --dry-run` shows each size)",
+                "choose a smaller size (or auto), or set GLM5_MEM_FRACTION_STATIC yourself",
+            )
         return Layout(profile, int(pinned), options, model.source, "GLM5_ATTN_DP_SIZE")
     best = max(options[1:], key=lambda o: (o.requests, -o.attn_dp_size))
     return Layout(profile, best.attn_dp_size, options, model.source, "auto")

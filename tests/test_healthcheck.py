@@ -56,7 +56,7 @@ def test_a_dp_attention_start_reads_ready_with_the_lists_its_ranks_capture() -> 
     are multiples of the attention-TP size), and the kit expects that list, so the start reads ready with no partial
     acceptance; judged by TP attention's list the same log is a short capture."""
     dp_log = str(LOGS / "sglang-0.5.23-dp-attention-4.log")
-    code, state = probe("--log", dp_log, "--no-http", GLM5_PROFILE="throughput")
+    code, state = probe("--log", dp_log, "--no-http", GLM5_PROFILE="throughput", GLM5_ATTN_DP_SIZE="4")
     assert state["phase"] == "ready" and code == 0, state
     assert (state["decode_captured"], state["decode_expected"]) == (51, 51)
     assert (state["prefill_captured"], state["prefill_expected"]) == (42, 42)  # 8192 // 4 = 2048: 4..2048
@@ -421,7 +421,7 @@ def test_a_throughput_start_of_the_double_reads_ready(tmp_path: Path, containers
     """Issue 52: every GLM5_PROFILE=throughput start ended prefill_short, the kit expecting 58 prefill shapes where
     0.5.23 captures 42 at D=4. The double captures as 0.5.23 does (the chunk divided, the shapes re-clamped, decode
     batches aligned to the attention-TP size); the kit's expectation is 0.5.23's (tests/test_launch.py)."""
-    c = start(tmp_path, GLM5_PROFILE="throughput", GLM5_VERIFY="off")
+    c = start(tmp_path, GLM5_PROFILE="throughput", GLM5_ATTN_DP_SIZE="4", GLM5_VERIFY="off")  # the audit's D
     containers.append(c)
     c.wait_healthy()
     code, state = healthcheck_json(c.target.env, "--no-http")

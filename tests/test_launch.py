@@ -11,7 +11,7 @@ from unittest import mock
 import pytest
 import yaml
 
-from common.report import FAILURE
+from common.report import FAILURE, Problems
 from configuration import batch_sizes, config, settings, state
 from conftest import ROOT, kit_env
 from entrypoint import relay
@@ -48,7 +48,7 @@ SETTINGS = [
         "GLM5_API_KEY": "s3cret-0123456789abcdef",
     },
     {"GLM5_PROFILE": "throughput"},
-    {"GLM5_PROFILE": "throughput", "GLM5_ATTN_DP_SIZE": "8"},
+    {"GLM5_PROFILE": "throughput", "GLM5_ATTN_DP_SIZE": "8", "GLM5_MEM_FRACTION_STATIC": "0.80"},  # else refused
     {"GLM5_PROFILE": "throughput", "GLM5_ATTN_DP_SIZE": "2", "GLM5_MAX_RUNNING_REQUESTS": "256"},
     {"GLM5_PROFILE": "throughput", "GLM5_ATTN_DP_SIZE": "4", "GLM5_SPECULATIVE": "mtp"},
     {
@@ -162,9 +162,19 @@ def test_capture_lists_match_sglangs_rule(rendered: list[config.Effective], real
 
 
 # Both profiles and every attention-DP size the throughput profile chooses from ([layout].attn_dp_sizes).
+def runnable(env: dict[str, str]) -> bool:
+    """The kit starts it: a size whose estimated KV cache is none is refused (configuration/layout.py)."""
+    try:
+        config.resolve(env)
+    except Problems:
+        return False
+    return True
+
+
 RESOLVED = [{}, {"GLM5_SPECULATIVE": "mtp"}] + [
-    {"GLM5_PROFILE": "throughput", "GLM5_ATTN_DP_SIZE": str(d)}
+    env
     for d in settings.load_config()["layout"]["attn_dp_sizes"]
+    if runnable(env := {"GLM5_PROFILE": "throughput", "GLM5_ATTN_DP_SIZE": str(d)})
 ]
 
 

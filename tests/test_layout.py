@@ -34,23 +34,43 @@ def test_attention_weights_and_the_cache_a_token_from_the_config() -> None:
 
 
 def test_throughput_picks_the_size_whose_groups_hold_the_most_requests() -> None:
-    """Each GPU of an attention-DP group holds 1/(8/D) of the BF16 attention weights: the cache a GPU keeps shrinks by
-    1/8 of them per step of D, and at D=8 almost nothing is left. Without the attention weights in the arithmetic
-    every D would keep the same pool and D=8 would look 8 times better."""
+    """Each GPU of an attention-DP group holds 1/(8/D) of the BF16 attention weights and of the input embedding
+    (0.5.23 splits it over the attention-TP group): the cache a GPU keeps shrinks by 1/8 of them per step of D. Without
+    them in the arithmetic every D would keep the same pool and D=8 would look 8 times better."""
+    pinned = config.resolve(THROUGHPUT | {"GLM5_MEM_FRACTION_STATIC": "0.80"}).layout
+    by_size = {o.attn_dp_size: o for o in pinned.options}
+    step = by_size[1].kv_gib_per_gpu - by_size[2].kv_gib_per_gpu
+    assert step == pytest.approx((25.34 + 1.77) / 8, abs=0.01)  # attention and embedding's 1/8, in GiB
+    assert by_size[8].kv_gib_per_gpu == pytest.approx(by_size[1].kv_gib_per_gpu - 7 * step)
+    assert {o.mem_fraction for o in pinned.options} == {0.80}  # set by the operator: every size runs with it
+
+
+def test_each_dp_size_gives_back_what_its_decode_graphs_reserve() -> None:
+    """Issue 52: under DP attention each rank's decode graphs gather every group's rows, and 0.5.23's own reserve
+    for graphs grows by D x max_bs x 4.5 MB above 300 (srt/arg_groups/memory_hook.py reserve_for_graph_mb: 11,776 MB
+    at D=4 against 2,560 at D=1); the throughput profile kept 0.80 and spent that room on KV. Unless the operator sets
+    GLM5_MEM_FRACTION_STATIC, each size now runs with 0.80 less it, and the choice follows (estimates)."""
+    assert layout.graph_reserve_mib(4, 512) == 11_776 - 2_560 and layout.graph_reserve_mib(1, 512) == 0
     chosen = config.resolve(THROUGHPUT).layout
     by_size = {o.attn_dp_size: o for o in chosen.options}
-    step = by_size[1].kv_gib_per_gpu - by_size[2].kv_gib_per_gpu
-    assert step == pytest.approx(25.34 / 8, abs=0.01)  # the attention weights' 1/8, in GiB
-    assert by_size[8].kv_gib_per_gpu == pytest.approx(by_size[1].kv_gib_per_gpu - 7 * step)
-    assert chosen.attn_dp_size == 4
-    assert [by_size[d].requests for d in (1, 2, 4, 8)] == [26, 44, 60, 16]  # of 16k tokens: estimates
+    assert [by_size[d].mem_fraction for d in (1, 2, 4, 8)] == [0.80, 0.75, 0.70, 0.61]
+    assert [by_size[d].requests for d in (1, 2, 4, 8)] == [26, 34, 20, 0]  # of 16k tokens: estimates
+    assert chosen.attn_dp_size == 2
     argv = config.resolve(THROUGHPUT).argv
-    assert argv[argv.index("--attn-dp-size") + 1] == "4"
+    assert argv[argv.index("--attn-dp-size") + 1] == "2"
+    assert argv[argv.index("--mem-fraction-static") + 1] == "0.75"
+    latency = config.resolve({}).argv
+    assert latency[latency.index("--mem-fraction-static") + 1] == "0.8"  # the setting, as given
+    with pytest.raises(Problems) as err:
+        config.resolve(THROUGHPUT | {"GLM5_ATTN_DP_SIZE": "8"})
+    assert "GLM5_ATTN_DP_SIZE: 8 leaves no KV cache by the estimate: at a static share of 0.61" in str(
+        err.value
+    )
 
 
 def test_a_pinned_size_wins_and_latency_runs_tp_attention() -> None:
-    pinned = config.resolve(THROUGHPUT | {"GLM5_ATTN_DP_SIZE": "8"})
-    assert pinned.layout.attn_dp_size == 8 and pinned.layout.how == "GLM5_ATTN_DP_SIZE"
+    pinned = config.resolve(THROUGHPUT | {"GLM5_ATTN_DP_SIZE": "4"})
+    assert pinned.layout.attn_dp_size == 4 and pinned.layout.how == "GLM5_ATTN_DP_SIZE"
     latency = config.resolve({})
     assert "--attn-dp-size" not in latency.argv and latency.state({})["attn_dp_size"] == 1
 
@@ -93,9 +113,11 @@ def test_the_dry_run_shows_the_arithmetic_that_chose_the_size() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    assert " --attn-dp-size 4" in done.stdout.splitlines()[0]
+    assert " --attn-dp-size 2" in done.stdout.splitlines()[0]
+    assert " --mem-fraction-static 0.75" in done.stdout.splitlines()[0]
     assert f"estimates from {FIXTURE}/config.json" in done.stdout
     rows = [line.split() for line in done.stdout.splitlines() if line.startswith("#   ")]
-    assert [r[1] for r in rows[1:]] == ["1", "2", "4", "8"] and rows[3][-2:] == ["<-", "runs"]
-    # SGLang divides the chunk by the 4 groups and clamps the prefill shapes to it (tests/test_launch.py RESOLVED)
-    assert "# decode graphs expected 51 a rank (2..512), prefill shapes 42" in done.stdout
+    assert [r[1] for r in rows[1:]] == ["1", "2", "4", "8"] and rows[2][-2:] == ["<-", "runs"]
+    assert [r[2] for r in rows[1:]] == ["0.80", "0.75", "0.70", "0.61"]  # each size's static share
+    # SGLang divides the chunk by the 2 groups and clamps the prefill shapes to it (tests/test_launch.py RESOLVED)
+    assert "# decode graphs expected 50 a rank (4..512), prefill shapes 50" in done.stdout
