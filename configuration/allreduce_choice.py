@@ -12,6 +12,11 @@ is stale and the check must run again.
 
 `choice` is the operator's GLM5_ALLREDUCE (auto, nccl, pcie_ipc), `layout` the attention layout (latency: TP
 attention, throughput: DP attention). The caller sets Choice.env() in the server's environment and logs `why`.
+
+The kernels' case rests on SGLang 0.5.23's docstring (srt/distributed/device_communicators/pcie_ipc_ar.py:21): one
+decode row's all-reduce (12 KiB: hidden 6144 in bf16) in 5.3 us against NCCL's 205.1 us, on one 8x SM120 host. Other
+8x RTX PRO 6000 boxes measured NCCL near 24 us there, so every `why` ends with NCCL's 12 KiB time as the kept check
+measured it beside the docstring's (`small_message`), or says that none was measured: the premise judged on the box.
 Pure: no GPU; `current_fingerprint` reads nvidia-smi (one query), and says why when it cannot.
 Stdlib only, cheap to import.
 """
@@ -30,6 +35,17 @@ LAYOUTS = ("latency", "throughput")  # TP attention, DP attention
 SERVER_ENV = "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"  # srt/environ.py:1539, read in pcie_ipc_ar.py:103
 FINGERPRINT_QUERY = "index,name,pci.bus_id,uuid,driver_version"
 RUN_CHECK = "run `entrypoint/doctor --ipc`"
+# SGLang 0.5.23's measured premise for the kernels, in the pinned wheel's sglang/ (tests/test_allreduce_choice.py
+# reads the line): 12 KiB, the kernels 5.3 us, NCCL 205.1 us.
+PREMISE_FILE = "srt/distributed/device_communicators/pcie_ipc_ar.py"
+PREMISE_LINE = 21
+PREMISE_KERNELS_US = 5.3
+PREMISE_NCCL_US = 205.1
+PREMISE = (
+    f"SGLang 0.5.23's premise: {PREMISE_NCCL_US} us "
+    f"(the kernels {PREMISE_KERNELS_US} us, {PREMISE_FILE}:{PREMISE_LINE})"
+)
+SMALL_MESSAGE_BYTES = 6144 * 2  # one decode row of GLM-5 (hidden 6144) in bf16: 12 KiB, batch 1's all-reduce
 DP_ATTENTION = (
     "DP attention leaves the kernels only the tp group's DP-gather all-reduces (pcie_ipc_ar.py "
     "_ELIGIBLE_GROUP_NAMES; dp_attention.py SUM_LEN), which the check does not measure"
@@ -141,6 +157,42 @@ def failed_because(record: Mapping[str, Any]) -> str:
     return f"the check failed on these GPUs at {record.get('at', '?')}: {record.get('error') or record.get('detail')}"
 
 
+def small_row(record: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The kept check's 12 KiB size (one decode row) with NCCL's time, or None when it has none."""
+    for row in record.get("sizes") or []:
+        if (
+            isinstance(row, dict)
+            and row.get("bytes") == SMALL_MESSAGE_BYTES
+            and isinstance(row.get("nccl_seconds"), int | float)
+        ):
+            return row
+    return None
+
+
+def microseconds(seconds: float) -> str:
+    return f"{seconds * 1e6:.1f} us"
+
+
+def small_message(record: Mapping[str, Any] | None, current: Fingerprint | None, unread: str = "") -> str:
+    """NCCL's 12 KiB all-reduce as the kept check timed it (its slowest rank), the kernels' beside it, and the
+    docstring's premise; never a figure the check did not measure."""
+    if record is None:
+        return f"NCCL at 12 KiB: not measured on this box (no check kept); {PREMISE}"
+    row = small_row(record)
+    if row is None:
+        return f"NCCL at 12 KiB: not in the kept check; {PREMISE}"
+    where = (
+        "this box's check"
+        if stale(record, current, unread) is None
+        else "a kept check that is not this box's"
+    )
+    ipc = row.get("ipc_seconds")
+    kernels = (
+        f"the kernels {microseconds(ipc)}" if isinstance(ipc, int | float) else "not served by the kernels"
+    )
+    return f"NCCL at 12 KiB: {microseconds(row['nccl_seconds'])} in {where} ({kernels}); {PREMISE}"
+
+
 def decide(
     choice: str,
     layout: str,
@@ -152,21 +204,29 @@ def decide(
     a check stands behind it. auto: the kernels only with TP attention and a passing check of this very box. With DP
     attention the kernels serve the "tp" group alone (pcie_ipc_ar.py:86 _ELIGIBLE_GROUP_NAMES), whose all-reduces
     are then the DP gathers of the summed batch (srt/layers/dp_attention.py:155, 713), not the per-layer reductions
-    of hidden-wide decode rows the check measures: auto keeps NCCL there."""
+    of hidden-wide decode rows the check measures: auto keeps NCCL there. Each `why` ends with `small_message`."""
     if choice not in CHOICES:
         raise ValueError(f"GLM5_ALLREDUCE={choice!r}: one of {', '.join(CHOICES)}")
     if layout not in LAYOUTS:
         raise ValueError(f"attention layout {layout!r}: one of {', '.join(LAYOUTS)}")
+    backend, why = choose(choice, layout, record, current, unread)
+    return Choice(backend, f"{why}; {small_message(record, current, unread)}")
+
+
+def choose(
+    choice: str, layout: str, record: Mapping[str, Any] | None, current: Fingerprint | None, unread: str
+) -> tuple[str, str]:
+    """decide's backend and reason, before the 12 KiB figures."""
     if choice == "nccl":
-        return Choice("nccl", "NCCL: GLM5_ALLREDUCE=nccl")
+        return ("nccl", "NCCL: GLM5_ALLREDUCE=nccl")
     why_not = stale(record, current, unread)
     if why_not is None and record is not None and not record.get("ok"):
         why_not = failed_because(record)
     if choice == "pcie_ipc":
         backing = passed_on(record) if why_not is None and record is not None else f"not checked: {why_not}"
-        return Choice("pcie_ipc", f"PCIe-IPC all-reduce: GLM5_ALLREDUCE=pcie_ipc forces it ({backing})")
+        return ("pcie_ipc", f"PCIe-IPC all-reduce: GLM5_ALLREDUCE=pcie_ipc forces it ({backing})")
     if layout == "throughput":
-        return Choice("nccl", f"NCCL: {DP_ATTENTION}")
+        return ("nccl", f"NCCL: {DP_ATTENTION}")
     if why_not is not None or record is None:
-        return Choice("nccl", f"NCCL: {why_not}")
-    return Choice("pcie_ipc", f"PCIe-IPC all-reduce: {passed_on(record)}")
+        return ("nccl", f"NCCL: {why_not}")
+    return ("pcie_ipc", f"PCIe-IPC all-reduce: {passed_on(record)}")

@@ -19,7 +19,15 @@ NCCL (pcie_ipc_ar.py:404): reported, not a failure. The kernels spin on peer fla
 is the likely failure on a box whose peer-to-peer is broken: past --timeout the processes are killed and the
 run fails. The doctor's `pcie_ipc_allreduce` check runs this (--ipc). The kernels are compiled first, in this
 process, when the image did not prebuild them (kernels/sm120.toml: pcie_ipc_comm is not requested): that time is
-reported apart and not counted against --timeout.
+reported apart and not counted against --timeout. A size that differs is named with the ranks whose result
+differs (`wrong_ranks`), so one bad peer path shows as one rank.
+
+The fault hook (issue 55): `run_ipc(..., fault=Fault(rank, rows))` corrupts that rank's kernel result at that row
+count before it is compared with NCCL's (the rank's own input taken out of its sum, as a kernel that lost a push
+would leave it), so a run can show the check refusing a wrong rank and naming it. It is off by default (None) and
+a Python argument alone: no flag of this CLI, no environment variable, so the doctor (`measure_pcie_ipc` runs this
+CLI) can never pass it. Only the tests (tests/test_allreduce_choice.py, on the CPU through `rank_input`,
+`Fault.corrupt`, `compare` and `verdict`) and ci/allreduce-check (the GPU run) pass one.
 Exit codes: 0 every size correct, 1 a wrong sum, a hang or a failed process, 2 bad usage.
 """
 
@@ -31,7 +39,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from configuration.batch_sizes import decode_batch_sizes
 
@@ -45,6 +53,27 @@ DECODE_MAX_BS = (
 )
 IPC_WORLD_SIZES = (2, 4, 8)  # the kernels build IPC channels for these alone (pcie_ipc_ar.py:77)
 BF16_UNIT_ROUNDOFF = 2.0**-8  # bf16 keeps 8 significant bits: round to nearest errs by at most 2^-8 relative
+
+
+class Fault(NamedTuple):
+    """Corrupt `rank`'s PCIe-IPC result at `rows` (a row count of the run), for the tests and the GPU run alone."""
+
+    rank: int
+    rows: int
+
+    def corrupt(self, out: Any, x: Any, rank: int, rows: int) -> None:
+        """On the faulted rank and row count, take the rank's own input `x` out of the kernels' result `out`, in
+        place; elsewhere nothing."""
+        if (rank, rows) == (self.rank, self.rows):
+            out.sub_(x)
+
+    def refusal(self, world: int, rows: list[int]) -> str | None:
+        """Why this fault cannot show anything in a run of `world` ranks over `rows`, or None."""
+        if not 0 <= self.rank < world:
+            return f"the fault names rank {self.rank}, outside ranks 0-{world - 1}"
+        if self.rows not in rows:
+            return f"the fault names rows {self.rows}, not one of the run's row counts"
+        return None
 
 
 def parse_size(text: str) -> int:
@@ -217,15 +246,36 @@ def cuda_seconds(step: Callable[[], Any], iters: int) -> float:
     return float(start.elapsed_time(end)) / 1000 / iters
 
 
-def ipc_row(workspace: Any, rows: int, hidden: int, rank: int, world: int, iters: int) -> dict[str, Any]:
+def rank_input(rows: int, hidden: int, rank: int, device: str) -> Any:
+    """This rank's input at a row count: rows x hidden bf16, random, the same for a rank and row count each run."""
+    import torch
+
+    generator = torch.Generator(device=device).manual_seed(1000 * rows + rank)
+    x = torch.randn((rows, hidden), generator=generator, device=device, dtype=torch.float32)
+    return x.to(torch.bfloat16)
+
+
+def compare(out: Any, nccl: Any, magnitude: Any, world: int) -> dict[str, Any]:
+    """The kernels' result `out` against NCCL's `nccl` (bf16), within `tolerance` of `magnitude` (S, fp32)."""
+    error = (out.float() - nccl.float()).abs()
+    outside = int((error > tolerance(world) * magnitude).sum().item())
+    largest = float(error.max().item())
+    return {
+        "max_error": round(largest, 6),
+        "outside_bound": outside,
+        "exact": largest == 0,
+        "correct": outside == 0,
+    }
+
+
+def ipc_row(
+    workspace: Any, rows: int, hidden: int, rank: int, world: int, iters: int, fault: Fault | None = None
+) -> dict[str, Any]:
     """One row count: the kernels' result against NCCL's on the same random input, and both times."""
     import torch
     import torch.distributed as dist
 
-    generator = torch.Generator(device="cuda").manual_seed(1000 * rows + rank)
-    x = torch.randn((rows, hidden), generator=generator, device="cuda", dtype=torch.float32).to(
-        torch.bfloat16
-    )
+    x = rank_input(rows, hidden, rank, "cuda")
     nccl = x.clone()
     dist.all_reduce(nccl)
     magnitude = x.abs().float()
@@ -239,18 +289,23 @@ def ipc_row(workspace: Any, rows: int, hidden: int, rank: int, world: int, iters
         return row | {"ipc_seconds": None, "max_error": None, "correct": True}
     out = workspace.all_reduce(x)
     torch.cuda.synchronize()
-    error = (out.float() - nccl.float()).abs()
-    outside = int((error > tolerance(world) * magnitude).sum().item())
+    if fault is not None:
+        fault.corrupt(out, x, rank, rows)
+    judged = compare(out, nccl, magnitude, world)
     row["ipc_seconds"] = round(cuda_seconds(lambda: workspace.all_reduce(x, out=out), iters), 7)
-    return row | {
-        "max_error": round(float(error.max().item()), 6),
-        "outside_bound": outside,
-        "correct": outside == 0,
-    }
+    return row | judged
 
 
 def ipc_worker(
-    rank: int, world: int, port: int, rows: list[int], hidden: int, iters: int, tune: bool, queue: Any
+    rank: int,
+    world: int,
+    port: int,
+    rows: list[int],
+    hidden: int,
+    iters: int,
+    tune: bool,
+    fault: Fault | None,
+    queue: Any,
 ) -> None:
     import torch
     import torch.distributed as dist
@@ -270,7 +325,7 @@ def ipc_worker(
     )
     if tune:  # as SGLang's prepare() does at warm-up (pcie_ipc_ar.py:359-361): timed on a host (gloo) group
         workspace.tune([hidden], dtype=torch.bfloat16, tune_group=dist.new_group(backend="gloo"))
-    found = [ipc_row(workspace, r, hidden, rank, world, iters) for r in rows]
+    found = [ipc_row(workspace, r, hidden, rank, world, iters, fault) for r in rows]
     workspace.destroy()
     dist.destroy_process_group()
     queue.put((rank, found))
@@ -286,18 +341,44 @@ def compile_ipc_kernels() -> float:
 
 
 def merge_ranks(reports: dict[int, list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Per row count: correct only where every rank's was, times and error the slowest and largest rank's."""
-    merged = [dict(row) for row in reports[0]]
-    for rank_rows in reports.values():
+    """Per row count: correct (and exact) only where every rank's was, the ranks whose was not, times and error the
+    slowest and largest rank's."""
+    merged = [dict(row) | {"wrong_ranks": []} for row in reports[0]]
+    for rank, rank_rows in sorted(reports.items()):
         for row, theirs in zip(merged, rank_rows, strict=True):
             row["correct"] = row["correct"] and theirs["correct"]
+            if not theirs["correct"]:
+                row["wrong_ranks"].append(rank)
+            if "exact" in theirs:
+                row["exact"] = row["exact"] and theirs["exact"]
             for key in ("ipc_seconds", "nccl_seconds", "max_error", "outside_bound"):
                 if theirs.get(key) is not None:
                     row[key] = max(row[key], theirs[key])
     return merged
 
 
-def run_ipc(rows: list[int], hidden: int, iters: int, timeout: float, tune: bool = False) -> dict[str, Any]:
+def size_text(size: int) -> str:
+    return f"{size / 2**10:g} KiB" if size < 2**20 else f"{size / 2**20:g} MiB"
+
+
+def verdict(reports: dict[int, list[dict[str, Any]]], world: int) -> dict[str, Any]:
+    """The report's verdict from every rank's rows: each size that differs named with its ranks."""
+    merged = merge_ranks(reports)
+    wrong = [r for r in merged if not r["correct"]]
+    found: dict[str, Any] = {"tolerance": tolerance(world), "sizes": merged, "ok": not wrong}
+    if wrong:
+        found["error"] = "PCIe-IPC result differs from NCCL's beyond the bf16 bound: " + "; ".join(
+            f"rows {r['rows']} ({size_text(r['bytes'])}) on rank{'s' if len(r['wrong_ranks']) > 1 else ''} "
+            f"{', '.join(map(str, r['wrong_ranks']))} ({r['outside_bound']} elements outside, max {r['max_error']})"
+            for r in wrong
+        )
+    return found
+
+
+def run_ipc(
+    rows: list[int], hidden: int, iters: int, timeout: float, tune: bool = False, fault: Fault | None = None
+) -> dict[str, Any]:
+    """The check on every visible GPU; `fault` (off: None) for the tests and the GPU run alone (the docstring)."""
     import torch
 
     world = torch.cuda.device_count()
@@ -308,6 +389,9 @@ def run_ipc(rows: list[int], hidden: int, iters: int, timeout: float, tune: bool
             "error": f"{world} GPU(s) visible: FlashInfer's PCIe-IPC all-reduce runs on 2, 4 or 8 "
             "(pcie_ipc_ar.py:77)",
         }
+    refused = None if fault is None else fault.refusal(world, rows)
+    if refused is not None:
+        return base | {"ok": False, "error": refused}
     try:
         base["compile_seconds"] = compile_ipc_kernels()
     except Exception as err:  # noqa: BLE001 (no kernels: what SGLang would fall back from, reported)
@@ -315,15 +399,10 @@ def run_ipc(rows: list[int], hidden: int, iters: int, timeout: float, tune: bool
             "ok": False,
             "error": f"FlashInfer's pcie_ipc_comm did not build: {type(err).__name__}: {err}",
         }
-    out, reports = spawn(ipc_worker, world, (rows, hidden, iters, tune), timeout)
+    out, reports = spawn(ipc_worker, world, (rows, hidden, iters, tune, fault), timeout)
     if not reports:
         return base | out
-    merged = merge_ranks(reports)
-    wrong = [r["rows"] for r in merged if not r["correct"]]
-    out = base | out | {"tolerance": tolerance(world), "sizes": merged, "ok": not wrong}
-    if wrong:
-        out["error"] = f"PCIe-IPC result differs from NCCL's beyond the bf16 bound for rows {wrong}"
-    return out
+    return base | out | verdict(reports, world)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

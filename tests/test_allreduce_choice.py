@@ -5,16 +5,20 @@ program is replaced by a stand-in report, nvidia-smi by tests/doubles/nvidia_smi
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
+from ci import allreduce_check
 from configuration import allreduce_choice as choice
 from configuration import state
 from configuration.batch_sizes import decode_batch_sizes
+from conftest import installed_site
 from entrypoint import allreduce, doctor
 from healthcheck import logscan, phase
 from test_doctor import gpus, install_box
@@ -74,6 +78,11 @@ def run_check(
     return doctor.check_pcie_ipc(smi_box(tmp_path, box or box_gpus()), values, lambda _box: report)
 
 
+def reason(decided: choice.Choice) -> str:
+    """The decision's reason before the 12 KiB figures every reason ends with (tested apart below)."""
+    return decided.why.split("; NCCL at 12 KiB: ")[0]
+
+
 # ---- the decision -------------------------------------------------------------------------------------------
 
 
@@ -83,8 +92,8 @@ def test_a_passing_check_of_this_very_box_turns_the_kernels_on_and_nothing_else_
     record = state.read_pcie_ipc_check(tmp_path / "cache")
     on = choice.decide("auto", "latency", record, here)
     assert on.backend == "pcie_ipc" and on.env() == {"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1"}
-    assert on.why.startswith("PCIe-IPC all-reduce: the doctor's check passed on these GPUs at ")
-    assert on.why.endswith(f"(build {BUILD})")
+    assert reason(on).startswith("PCIe-IPC all-reduce: the doctor's check passed on these GPUs at ")
+    assert reason(on).endswith(f"(build {BUILD})")
     # a GPU moved to another slot, a GPU swapped, another driver, another image: stale, NCCL, the check named
     for other, part in (
         (fingerprint_of(tmp_path, box_gpus(pci__bus_id=lambda i: f"00000000:{i + 2:02X}:00.0")), "GPUs"),
@@ -93,15 +102,16 @@ def test_a_passing_check_of_this_very_box_turns_the_kernels_on_and_nothing_else_
         (fingerprint_of(tmp_path, box_gpus(), build="77aa00bb11cc22dd"), "image"),
     ):
         off = choice.decide("auto", "latency", record, other)
-        assert off == (
+        assert (off.backend, reason(off)) == (
             "nccl",
             f"NCCL: the record is from other {part} than this box's; run `entrypoint/doctor --ipc`",
         )
         assert off.env() == {}
-    assert choice.decide("auto", "latency", None, here).why == (
+    assert reason(choice.decide("auto", "latency", None, here)) == (
         "NCCL: no all-reduce check recorded for this box; run `entrypoint/doctor --ipc`"
     )
-    assert choice.decide("nccl", "latency", record, here) == ("nccl", "NCCL: GLM5_ALLREDUCE=nccl")
+    forced_nccl = choice.decide("nccl", "latency", record, here)
+    assert (forced_nccl.backend, reason(forced_nccl)) == ("nccl", "NCCL: GLM5_ALLREDUCE=nccl")
     dp = choice.decide("auto", "throughput", record, here)
     assert dp.backend == "nccl" and "_ELIGIBLE_GROUP_NAMES" in dp.why
 
@@ -117,8 +127,8 @@ def test_a_failed_check_keeps_nccl_with_its_reason_unless_the_operator_forces_th
     record = state.read_pcie_ipc_check(tmp_path / "cache")
     off = choice.decide("auto", "latency", record, here)
     assert off.backend == "nccl"
-    assert off.why.startswith("NCCL: the check failed on these GPUs at ")
-    assert off.why.endswith(": ranks [3] did not finish within 120 s: a hang")
+    assert reason(off).startswith("NCCL: the check failed on these GPUs at ")
+    assert reason(off).endswith(": ranks [3] did not finish within 120 s: a hang")
     forced = choice.decide("pcie_ipc", "latency", record, here)
     assert forced.backend == "pcie_ipc" and forced.env() == {"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1"}
     assert "forces it (not checked: the check failed" in forced.why
@@ -135,7 +145,7 @@ def test_without_nvidia_smi_the_decision_still_says_why(tmp_path: Path) -> None:
     current, unread = choice.current_fingerprint(BUILD, {"PATH": str(tmp_path)})
     assert (current, unread) == (None, "nvidia-smi is not installed here")
     record = {"ok": True, "at": "2026-12-03T09:00:00+00:00", "fingerprint": None}
-    assert choice.decide("auto", "latency", record, current, unread).why == (
+    assert reason(choice.decide("auto", "latency", record, current, unread)) == (
         "NCCL: this box's GPUs cannot be read (nvidia-smi is not installed here), so no check can be matched"
     )
     bin_dir, readings = install_box(tmp_path, box_gpus(), {})
@@ -293,3 +303,222 @@ def test_the_start_runs_the_ipc_all_reduce_only_where_this_box_passed_the_check(
     # DP attention keeps NCCL under auto; GLM5_ALLREDUCE=nccl always does.
     for setting in ({"GLM5_PROFILE": "throughput"}, {"GLM5_ALLREDUCE": "nccl"}):
         assert "ipc: unset" in launch("--serve", **env, **setting).stdout
+
+
+# ---- NCCL's 12 KiB time beside SGLang's premise (issue 55, item 3) -------------------------------------------
+
+PREMISE = "SGLang 0.5.23's premise: 205.1 us (the kernels 5.3 us, srt/distributed/device_communicators/pcie_ipc_ar.py:21)"
+
+
+def measured_report(nccl_seconds: float = 2.34e-5, ipc_seconds: float = 5.1e-6) -> dict[str, Any]:
+    """The stand-in report with NCCL and the kernels timed at 1 row (12 KiB) as a box might time them."""
+    report = ipc_report()
+    report["sizes"][0] |= {"nccl_seconds": nccl_seconds, "ipc_seconds": ipc_seconds}
+    return report
+
+
+def test_the_decision_shows_nccls_12_kib_time_beside_sglangs_docstring(tmp_path: Path) -> None:
+    here = fingerprint_of(tmp_path, box_gpus())
+    run_check(tmp_path, measured_report())
+    record = state.read_pcie_ipc_check(tmp_path / "cache")
+    measured = f"NCCL at 12 KiB: 23.4 us in this box's check (the kernels 5.1 us); {PREMISE}"
+    on = choice.decide("auto", "latency", record, here)
+    assert on.backend == "pcie_ipc" and on.why.endswith(f"(build {BUILD}); {measured}"), on.why
+    assert choice.decide("nccl", "latency", record, here).why == f"NCCL: GLM5_ALLREDUCE=nccl; {measured}"
+    # another driver: the figure is the record's, said to be of no check of this box
+    other = fingerprint_of(tmp_path, box_gpus(driver_version="600.10"))
+    assert choice.decide("auto", "latency", record, other).why.endswith(
+        f"; NCCL at 12 KiB: 23.4 us in a kept check that is not this box's (the kernels 5.1 us); {PREMISE}"
+    )
+    # no record: no figure but the docstring's
+    assert choice.decide("auto", "latency", None, here).why == (
+        "NCCL: no all-reduce check recorded for this box; run `entrypoint/doctor --ipc`; "
+        f"NCCL at 12 KiB: not measured on this box (no check kept); {PREMISE}"
+    )
+    # a check that hung measured nothing; one that left 1 row out has no 12 KiB figure either
+    run_check(tmp_path, {"ok": False, "gpus": 8, "error": "ranks [3] did not finish within 120 s: a hang"})
+    hung = choice.decide("auto", "latency", state.read_pcie_ipc_check(tmp_path / "cache"), here)
+    assert hung.why.endswith(f"a hang; NCCL at 12 KiB: not in the kept check; {PREMISE}"), hung.why
+    wide = ipc_report()
+    wide["sizes"] = wide["sizes"][1:]
+    run_check(tmp_path, wide)
+    assert (
+        "NCCL at 12 KiB: not in the kept check; "
+        in choice.decide("auto", "latency", state.read_pcie_ipc_check(tmp_path / "cache"), here).why
+    )
+
+
+def test_the_premise_cited_is_the_pinned_sglangs_docstring() -> None:
+    """The figures and the line cited are those of the sglang the kit installs (.venv: the image's pin)."""
+    site = installed_site("sglang")
+    assert (site / "sglang-0.5.23.dist-info").is_dir()
+    source = site / "sglang" / choice.PREMISE_FILE
+    line = source.read_text().splitlines()[choice.PREMISE_LINE - 1].split()
+    assert line == [
+        "12",
+        "KiB",
+        str(choice.PREMISE_KERNELS_US),
+        "us",
+        str(choice.PREMISE_NCCL_US),
+        "us",
+        "38.8x",
+    ]
+    assert (
+        choice.SMALL_MESSAGE_BYTES == 12 * 2**10 == allreduce.MODEL_HIDDEN * 2
+    )  # one bf16 row of hidden 6144
+
+
+def test_the_dry_run_shows_nccls_12_kib_time_or_that_none_was_measured(tmp_path: Path) -> None:
+    bin_dir, readings = install_box(tmp_path, box_gpus(), {})
+    smi = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "NVIDIA_SMI_DOUBLE_BOX": str(readings)}
+    here, _ = choice.current_fingerprint("dev", smi)
+    assert here is not None
+    cache = tmp_path / "cache"
+    dry = launch("--dry-run", **smi, GLM5_CACHE_DIR=str(cache))
+    assert (
+        "# all-reduce: NCCL: no all-reduce check recorded for this box; run `entrypoint/doctor --ipc`; "
+        f"NCCL at 12 KiB: not measured on this box (no check kept); {PREMISE}\n"
+    ) in dry.stdout, dry.stdout + dry.stderr
+    record = {"ok": True, "at": "2026-12-05T06:00:00+00:00", "fingerprint": here.as_json()}
+    state.write_pcie_ipc_check(cache, record | {"sizes": measured_report()["sizes"]})
+    dry = launch("--dry-run", **smi, GLM5_CACHE_DIR=str(cache))
+    assert (
+        "(build dev); NCCL at 12 KiB: 23.4 us in this box's check (the kernels 5.1 us); " + PREMISE + "\n"
+    ) in dry.stdout, dry.stdout + dry.stderr
+
+
+# ---- the fault hook: one rank's result corrupted, the check refuses (issue 55, item 2) ----------------------
+
+HIDDEN = allreduce.MODEL_HIDDEN
+
+
+def cpu_world(rows: list[int], world: int, fault: allreduce.Fault | None = None) -> dict[str, Any]:
+    """The GPU program's report (run_ipc's), each rank's part made on the CPU by entrypoint/allreduce's own steps:
+    its input (rank_input), the fault (Fault.corrupt), the comparison (compare), the merge and the verdict (verdict).
+    The stand-ins: NCCL's sum is the ranks' inputs added in ring order in bf16 (rounded at each step), the kernels'
+    is their exact sum rounded once; the times are fixed."""
+    reports: dict[int, list[dict[str, Any]]] = {rank: [] for rank in range(world)}
+    for r in rows:
+        inputs = [allreduce.rank_input(r, HIDDEN, rank, "cpu") for rank in range(world)]
+        ring = inputs[0].clone()
+        for x in inputs[1:]:
+            ring = ring + x
+        magnitude = torch.stack([x.abs().float() for x in inputs]).sum(0)
+        for rank in range(world):
+            kernels = torch.stack([x.float() for x in inputs]).sum(0).to(torch.bfloat16)
+            if fault is not None:
+                fault.corrupt(kernels, inputs[rank], rank, r)
+            row = {
+                "rows": r,
+                "bytes": r * HIDDEN * 2,
+                "served": True,
+                "nccl_seconds": 2e-5,
+                "ipc_seconds": 5e-6,
+            }
+            reports[rank].append(row | allreduce.compare(kernels, ring, magnitude, world))
+    base = {"backend": "pcie_ipc", "gpus": world, "hidden": HIDDEN, "dtype": "bfloat16"}
+    return base | allreduce.verdict(reports, world)
+
+
+def test_a_corrupted_rank_fails_the_check_naming_the_size_and_the_rank(tmp_path: Path) -> None:
+    here = fingerprint_of(tmp_path, box_gpus())
+    clean = cpu_world([1, 2, 64], 8)
+    assert clean["ok"] is True and all(r["correct"] and r["wrong_ranks"] == [] for r in clean["sizes"])
+    assert run_check(tmp_path, clean).status == "pass"
+    faulted = cpu_world([1, 2, 64], 8, allreduce.Fault(rank=3, rows=1))
+    assert faulted["ok"] is False
+    assert [(r["rows"], r["correct"], r["wrong_ranks"]) for r in faulted["sizes"]] == [
+        (1, False, [3]), (2, True, []), (64, True, [])
+    ]  # fmt: skip
+    assert faulted["error"].startswith(
+        "PCIe-IPC result differs from NCCL's beyond the bf16 bound: rows 1 (12 KiB) on rank 3 ("
+    ), faulted["error"]
+    found = run_check(tmp_path, faulted)
+    assert found.status == "fail" and "rows 1 (12 KiB) on rank 3 (" in found.detail, found.detail
+    record = state.read_pcie_ipc_check(tmp_path / "cache")
+    assert record is not None and record["ok"] is False and record["sizes"][0]["wrong_ranks"] == [3]
+    off = choice.decide("auto", "latency", record, here)
+    assert off.backend == "nccl" and "beyond the bf16 bound: rows 1 (12 KiB) on rank 3 (" in off.why, off.why
+    # two ranks wrong at a wider size: each named
+    two = cpu_world([1, 64], 4, allreduce.Fault(rank=0, rows=64))
+    assert [r["wrong_ranks"] for r in two["sizes"]] == [[], [0]] and "rows 64 (768 KiB) on rank 0 (" in two[
+        "error"
+    ]
+
+
+def test_the_fault_hook_is_off_by_default_and_out_of_the_doctors_reach(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The doctor runs `python3 -m entrypoint.allreduce --backend pcie_ipc --json` (measure_pcie_ipc): no flag and no
+    environment variable reaches the fault; only a caller of run_ipc passing one (the tests, ci/allreduce-check)."""
+    assert inspect.signature(allreduce.run_ipc).parameters["fault"].default is None
+    seen: dict[str, Any] = {}
+
+    def stand_in(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        seen.update(args=args, kwargs=kwargs)
+        return {"ok": True, "gpus": 8, "sizes": []}
+
+    monkeypatch.setattr(allreduce, "run_ipc", stand_in)
+    assert allreduce.main(["--backend", "pcie_ipc", "--json"]) == 0
+    assert "fault" not in seen["kwargs"] and len(seen["args"]) == 5
+    with pytest.raises(SystemExit):
+        allreduce.parse_args(["--backend", "pcie_ipc", "--fault", "3"])
+    # a fault that names no rank or size of the run would test nothing: refused before any process starts
+    monkeypatch.undo()
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    for fault, said in (
+        (allreduce.Fault(rank=8, rows=1), "rank 8"),
+        (allreduce.Fault(rank=1, rows=3), "rows 3"),
+    ):
+        found = allreduce.run_ipc([1, 2, 4], HIDDEN, 1, 5, fault=fault)
+        assert found["ok"] is False and said in found["error"] and "fault" in found["error"], found
+
+
+# ---- ci/allreduce-check, the GPU run's script, on the CPU stand-ins -----------------------------------------
+
+
+def test_the_gpu_runs_script_needs_the_fault_refused_naming_its_size_and_rank(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its two checks with the CPU world in place of the GPUs: exit 0 only when the clean check passes and the faulted
+    one is refused for the faulted size and rank alone; each record kept in its own folder, each decision printed."""
+    box = smi_box(tmp_path, box_gpus())
+    values = {"home": str(home_with(tmp_path, BUILD))}
+    fault = allreduce.Fault(rank=7, rows=1)
+    rows = [1, 2, 64]
+
+    def clean(_box: doctor.Box) -> dict[str, Any]:
+        return cpu_world(rows, 8)
+
+    def faulted(_box: doctor.Box) -> dict[str, Any]:
+        return cpu_world(rows, 8, fault)
+
+    code, summary = allreduce_check.run_both(box, values, tmp_path / "out", clean, faulted, fault)
+    printed = capsys.readouterr().out
+    assert code == 0 and summary["ok"] is True, printed
+    assert "rows    1    12 KiB  within the bf16 bound (max diff " in printed
+    assert "rows    1    12 KiB  DIFFERS on rank(s) 7: " in printed
+    assert "nccl      20.0 us" in printed and "ipc       5.0 us" in printed
+    assert (
+        "decision: pcie_ipc: PCIe-IPC all-reduce: the doctor's check passed on these GPUs at " in printed
+        and "NCCL at 12 KiB: 20.0 us in this box's check (the kernels 5.0 us); " + PREMISE in printed
+    )
+    assert "decision: nccl: NCCL: the check failed on these GPUs at " in printed
+    assert "beyond the bf16 bound: rows 1 (12 KiB) on rank 7 (" in summary["faulted"]["decision"]["why"]
+    assert printed.rstrip().endswith(
+        "allreduce-check: ok: the clean check passed and the faulted one was refused, naming its size and rank"
+    )
+    assert state.read_pcie_ipc_check(tmp_path / "out" / "clean")["ok"] is True  # type: ignore[index]
+    assert state.read_pcie_ipc_check(tmp_path / "out" / "fault")["ok"] is False  # type: ignore[index]
+    # a fault the check let through (or one that hit another rank or size) fails the run
+    code, summary = allreduce_check.run_both(box, values, tmp_path / "again", clean, clean, fault)
+    assert code == 1 and summary["ok"] is False
+    assert (
+        "allreduce-check: FAILED: clean: pass; faulted: pass, expected a refusal of rows 1 on rank 7 alone"
+        in (capsys.readouterr().out)
+    )
+    other = allreduce.Fault(rank=2, rows=1)
+    code, _ = allreduce_check.run_both(
+        box, values, tmp_path / "other", clean, lambda _b: cpu_world(rows, 8, other), fault
+    )
+    assert code == 1
