@@ -48,7 +48,11 @@ SETTINGS = [
         "GLM5_API_KEY": "s3cret-0123456789abcdef",
     },
     {"GLM5_PROFILE": "throughput"},
-    {"GLM5_PROFILE": "throughput", "GLM5_ATTN_DP_SIZE": "8", "GLM5_MEM_FRACTION_STATIC": "0.80"},  # else refused
+    {
+        "GLM5_PROFILE": "throughput",
+        "GLM5_ATTN_DP_SIZE": "8",
+        "GLM5_MEM_FRACTION_STATIC": "0.80",
+    },  # else refused
     {"GLM5_PROFILE": "throughput", "GLM5_ATTN_DP_SIZE": "2", "GLM5_MAX_RUNNING_REQUESTS": "256"},
     {"GLM5_PROFILE": "throughput", "GLM5_ATTN_DP_SIZE": "4", "GLM5_SPECULATIVE": "mtp"},
     {
