@@ -70,9 +70,16 @@ def test_a_blip_keeps_a_replica_and_its_own_word_removes_it(tmp_path: Path) -> N
     try:
         gw.wait_healthy(2)
         assert a in gw.registered()
-        stubs[0].silent = True  # about two passes (0.5 s apart) of no answer
-        time.sleep(rotation.POLL_SECONDS * (rotation.MISSED_PASSES - 1) + 0.1)
-        stubs[0].silent = False
+        stubs[
+            0
+        ].silent = True  # no answer until a pass has missed it, then answering again before the next one
+        began = time.monotonic()
+        while "pass 1 of 3: kept" not in gw.output.read_text():
+            assert time.monotonic() - began < 10, gw.output.read_text()[-2000:]
+            time.sleep(0.02)
+        stubs[
+            0
+        ].silent = False  # the next pass is at least POLL_SECONDS later: one pass missed, not MISSED_PASSES
         kept = gw.registered()
         time.sleep(2)
         log = gw.output.read_text()

@@ -10,13 +10,12 @@ import shutil
 import subprocess
 import tomllib
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from ci import publish, sbom
 from conftest import ROOT
-from helpers.tiny_image import image_files, oci_layout
+from helpers.tiny_image import bom_of, image_files, oci_layout
 from patches.apply import read_series
 
 IMAGE = tomllib.loads((ROOT / "entrypoint" / "glm5.toml").read_text())["image"]
@@ -93,19 +92,6 @@ def test_the_policy_refuses_what_the_key_did_not_sign(tmp_path: Path) -> None:
 
 
 # ---- the SBOM's check, without a registry ----------------------------------------------------------------------
-
-
-def bom_of(tmp_path: Path, files: dict[str, str]) -> dict[str, Any]:
-    """The SBOM of a layout's image, read through a dir:-like copy (manifest.json and blobs by hex digest)."""
-    layout = tmp_path / "layout"
-    oci_layout(layout, "t", files)
-    index = json.loads((layout / "index.json").read_text())
-    copy = tmp_path / "copy"
-    copy.mkdir()
-    for blob in (layout / "blobs" / "sha256").iterdir():
-        shutil.copy(blob, copy / blob.name)
-    shutil.copy(copy / index["manifests"][0]["digest"].split(":")[1], copy / "manifest.json")
-    return sbom.build(copy, "127.0.0.1:5000/glm5-serve", "sha256:" + "a" * 64, "0.1.0")
 
 
 def test_the_sbom_lists_every_package_with_its_purl(tmp_path: Path) -> None:

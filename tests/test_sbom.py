@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-import shutil
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from cyclonedx.validation.json import JsonStrictValidator
 
 from ci import sbom
 from conftest import ROOT
-from helpers.tiny_image import image_files, oci_layout
+from helpers.tiny_image import bom_of, image_files
 from patches.apply import read_series
 
 IMAGE = tomllib.loads((ROOT / "entrypoint" / "glm5.toml").read_text())["image"]
@@ -27,18 +26,6 @@ VENV = "opt/venv/lib/python3.12/site-packages"
 # .venv's site-packages (smg==1.13.0 is pinned in ci/requirements-test.txt): the wheels' own SBOMs, as PEP 770 lays them.
 SITE = Path(str(importlib.metadata.distribution("smg").locate_file("")))
 SMG_SBOM = "smg-1.13.0.dist-info/sboms/smg-python.cyclonedx.json"
-
-
-def bom_of(tmp_path: Path, files: dict[str, str]) -> dict[str, Any]:
-    layout = tmp_path / "layout"
-    oci_layout(layout, "t", files)
-    index = json.loads((layout / "index.json").read_text())
-    copy = tmp_path / "copy"
-    copy.mkdir()
-    for blob in (layout / "blobs" / "sha256").iterdir():
-        shutil.copy(blob, copy / blob.name)
-    shutil.copy(copy / index["manifests"][0]["digest"].split(":")[1], copy / "manifest.json")
-    return sbom.build(copy, "127.0.0.1:5000/glm5-serve", "sha256:" + "a" * 64, "0.1.0")
 
 
 def dist(folder: str, name: str, version: str) -> dict[str, str]:

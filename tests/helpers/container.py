@@ -171,10 +171,18 @@ def start(
     return Container(target, port, tmp)
 
 
+def command_of(process: psutil.Process) -> str:
+    """Its command line; empty for a process that ended meanwhile (a zombie, or gone: the tree changes under us)."""
+    try:
+        return " ".join(process.cmdline())
+    except (psutil.ZombieProcess, psutil.NoSuchProcess, psutil.AccessDenied):
+        return ""
+
+
 def stop_inside(c: Container) -> int:
     """SIGTERM to the entrypoint inside the sandbox (bubblewrap passes no signal on), then bubblewrap's exit code."""
     bwrap = psutil.Process(c.target.proc.pid)  # type: ignore[union-attr]
-    inside = [p for p in bwrap.children(recursive=True) if "entrypoint.sh" in " ".join(p.cmdline())]
+    inside = [p for p in bwrap.children(recursive=True) if "entrypoint.sh" in command_of(p)]
     assert inside, "the entrypoint is not running inside the sandbox"
     inside[0].send_signal(signal.SIGTERM)
     return int(c.target.proc.wait(timeout=60))  # type: ignore[union-attr]

@@ -7,10 +7,13 @@ import gzip
 import hashlib
 import io
 import json
+import shutil
 import tarfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from ci import sbom
 
 
 def blob(root: Path, data: bytes, media_type: str) -> dict[str, Any]:
@@ -73,3 +76,17 @@ def oci_layout(root: Path, tag: str, files: Mapping[str, str], label: str = "") 
     (root / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [entry]}))
     (root / "oci-layout").write_text(json.dumps({"imageLayoutVersion": "1.0.0"}))
     return f"oci:{root}:{tag}"
+
+
+def bom_of(tmp_path: Path, files: dict[str, str]) -> dict[str, Any]:
+    """The SBOM (ci/sbom.py) of a layout's image, read through a dir:-like copy (manifest.json and blobs by hex
+    digest), as ci/publish reads the copy it pulled."""
+    layout = tmp_path / "layout"
+    oci_layout(layout, "t", files)
+    index = json.loads((layout / "index.json").read_text())
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for found in (layout / "blobs" / "sha256").iterdir():
+        shutil.copy(found, copy / found.name)
+    shutil.copy(copy / index["manifests"][0]["digest"].split(":")[1], copy / "manifest.json")
+    return sbom.build(copy, "127.0.0.1:5000/glm5-serve", "sha256:" + "a" * 64, "0.1.0")
