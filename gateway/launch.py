@@ -176,6 +176,12 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
         help="where the rotation's own /metrics and the gateway's /live and /ready listen (gateway/probes.py)",
     )
     parser.add_argument(
+        "--rotation-stale-seconds",
+        type=float,
+        default=settings.load_config()["monitoring"]["rotation_stale_seconds"],
+        help="the rotation counts as stuck (/live and /ready fail) after this long without a pass",
+    )
+    parser.add_argument(
         "--dry-run", action="store_true", help="print smg's arguments (key redacted) and stop"
     )
     parser.add_argument("smg_flags", nargs="*", help="more smg flags, after --")
@@ -254,7 +260,9 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
     probe_port = router_args.health_check_port or router_args.port
     try:
         probes.serve(
-            "0.0.0.0", args.rotation_metrics_port, probes.app(metrics, turn, f"http://127.0.0.1:{probe_port}")
+            "0.0.0.0",
+            args.rotation_metrics_port,
+            probes.app(metrics, turn, f"http://127.0.0.1:{probe_port}", args.rotation_stale_seconds),
         )
     except OSError as err:
         LOG.error(

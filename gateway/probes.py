@@ -4,9 +4,12 @@ smg's /liveness and /readiness see smg alone: a rotation that is stuck (a pass b
 died) leaves smg with its last registrations, and smg stays alive and ready while a replaced or draining replica keeps
 getting work. So the probes the kit configures (the gateway Deployment's, compose's healthcheck) read these:
 
-    /live   200 while smg's /liveness answers 200 and the rotation finished a pass within WATCHED_SECONDS
-    /ready  200 while smg's /readiness answers 200 (a healthy worker), the rotation gave smg its workers within
-            WATCHED_SECONDS, and at least one replica is in the rotation
+    /live   200 while smg's /liveness answers 200 and the rotation finished a pass within the bound
+    /ready  200 while smg's /readiness answers 200 (a healthy worker), the rotation gave smg its workers within the
+            bound, and at least one replica is in the rotation
+
+The bound is glm5.toml [monitoring].rotation_stale_seconds (the alert GLM5GatewayRotationStale's too; gateway/launch
+--rotation-stale-seconds).
 
 Each answers JSON {"ok", "reason"}; 503 when not ok. Any other path is the rotation's /metrics.
 """
@@ -28,9 +31,8 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from gateway.rotation import Rotation
 
 # A pass is bounded by its lookups (rotation.LOOKUP_TIMEOUT), its asks (READY_TIMEOUT, in parallel) and smg's calls
-# (SMG_TIMEOUT each): well under this unless it is stuck. The Deployment's liveness probe fails 3 times 10 s apart:
-# a stuck rotation restarts the gateway within about 90 s.
-WATCHED_SECONDS = 60.0
+# (SMG_TIMEOUT each): well under the bound unless it is stuck. The Deployment's liveness probe fails 3 times 10 s
+# apart: a stuck rotation restarts the gateway within about the bound and 30 s.
 SMG_PROBE_TIMEOUT = 2.0
 
 StartResponse = Callable[..., Any]
@@ -53,24 +55,24 @@ def smg_says(url: str) -> Verdict:
         return Verdict(False, f"smg {url.rsplit('/', 1)[-1]}: no answer ({getattr(err, 'reason', err)})")
 
 
-def silent(at: float, now: float, what: str) -> str | None:
+def silent(at: float, now: float, what: str, bound: float) -> str | None:
     """Why a rotation timestamp is stale, or None."""
     if at <= 0:
         return f"the rotation has not {what} yet"
-    if now - at > WATCHED_SECONDS:
-        return f"the rotation has not {what} for {now - at:.0f} s (more than {WATCHED_SECONDS:.0f})"
+    if now - at > bound:
+        return f"the rotation has not {what} for {now - at:.0f} s (more than {bound:g})"
     return None
 
 
-def live(rotation: Rotation, smg_probe: str, now: float) -> Verdict:
-    stale = silent(rotation.passed_at, now, "finished a pass")
+def live(rotation: Rotation, smg_probe: str, now: float, bound: float) -> Verdict:
+    stale = silent(rotation.passed_at, now, "finished a pass", bound)
     if stale:
         return Verdict(False, stale)
     return smg_says(f"{smg_probe}/liveness")
 
 
-def ready(rotation: Rotation, smg_probe: str, now: float) -> Verdict:
-    stale = silent(rotation.synced_at, now, "given smg its workers")
+def ready(rotation: Rotation, smg_probe: str, now: float, bound: float) -> Verdict:
+    stale = silent(rotation.synced_at, now, "given smg its workers", bound)
     if stale:
         return Verdict(False, stale)
     serving = [url for url, answer in rotation.state.items() if answer.ready]
@@ -82,15 +84,16 @@ def ready(rotation: Rotation, smg_probe: str, now: float) -> Verdict:
     return Verdict(True, f"{len(serving)} replica(s) in the rotation")
 
 
-def app(metrics: CollectorRegistry, rotation: Rotation, smg_probe: str) -> App:
-    """/live and /ready (above); every other path the registry's /metrics. `smg_probe`: smg's health-check base URL."""
+def app(metrics: CollectorRegistry, rotation: Rotation, smg_probe: str, bound: float) -> App:
+    """/live and /ready (above); every other path the registry's /metrics. `smg_probe`: smg's health-check base URL;
+    `bound`: seconds without a pass (or a sync) before the rotation counts as stuck."""
     served = make_wsgi_app(metrics)
 
     def application(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
         if path not in ("/live", "/ready"):
             return served(environ, start_response)
-        verdict = (live if path == "/live" else ready)(rotation, smg_probe, time.time())
+        verdict = (live if path == "/live" else ready)(rotation, smg_probe, time.time(), bound)
         body = json.dumps({"ok": verdict.ok, "reason": verdict.reason}).encode()
         status = "200 OK" if verdict.ok else "503 Service Unavailable"
         start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])

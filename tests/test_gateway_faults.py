@@ -6,6 +6,7 @@ exporter must fall silent or say a phase on demand."""
 from __future__ import annotations
 
 import json
+import os
 import time
 import urllib.error
 import urllib.request
@@ -27,11 +28,20 @@ def get(url: str, key: str | None = None) -> tuple[int, dict[str, object]]:
         request.add_header("Authorization", f"Bearer {key}")
     try:
         with urllib.request.urlopen(request, timeout=10) as r:
-            return int(r.status), dict(json.loads(r.read() or b"{}"))
+            return int(r.status), parsed(r.read())
     except urllib.error.HTTPError as err:
-        return int(err.code), dict(json.loads(err.read() or b"{}"))
+        return int(err.code), parsed(err.read())
     except OSError:
         return 0, {}
+
+
+def parsed(body: bytes) -> dict[str, object]:
+    """A JSON object's fields, else the text as `body` (smg's /liveness answers plain text)."""
+    try:
+        found = json.loads(body or b"{}")
+    except ValueError:
+        return {"body": body.decode(errors="replace")}
+    return dict(found) if isinstance(found, dict) else {"body": found}
 
 
 def test_a_gateway_just_started_holds_requests_until_a_replica_is_registered(tmp_path: Path) -> None:
@@ -107,3 +117,45 @@ def test_a_blip_keeps_a_replica_and_its_own_word_removes_it(tmp_path: Path) -> N
     print(f"\nout on its word after {left:.2f} s; silent, out after {gone:.2f} s")
     bound = rotation.MISSED_PASSES * (rotation.POLL_SECONDS + rotation.READY_TIMEOUT) + 1
     assert left < 2 and rotation.POLL_SECONDS * (rotation.MISSED_PASSES - 1) <= gone < bound
+
+
+def test_a_stalled_rotation_fails_the_gateways_liveness_while_smgs_own_passes(tmp_path: Path) -> None:
+    """Nothing watched the rotation: a pass that blocked left smg with its last registrations while smg's own
+    /liveness and /readiness said 200. The kit's /live and /ready (gateway/probes.py) fail once no pass has finished
+    for the bound (3 s here; glm5.toml's 60 s otherwise), and pass again once the rotation moves. The stall: the
+    workers file replaced by a pipe no one writes, which the next pass blocks reading."""
+    stub = StubReplica(KEY)
+    gw = Gateway(tmp_path, {"a": stub}, launch_flags=("--rotation-stale-seconds", "3"))  # type: ignore[dict-item]
+    probe = f"http://127.0.0.1:{gw.rotation_metrics}"
+    try:
+        gw.wait_healthy(1)
+        began = time.monotonic()
+        while get(probe + "/live")[0] != 200 or get(probe + "/ready")[0] != 200:
+            assert time.monotonic() - began < 20, gw.output.read_text()[-2000:]
+            time.sleep(0.2)
+        pipe = tmp_path / "stall"
+        os.mkfifo(pipe)
+        os.replace(pipe, gw.discovery)
+        stalled = time.monotonic()
+        while get(probe + "/live")[0] == 200:
+            assert time.monotonic() - stalled < 20, gw.output.read_text()[-2000:]
+            time.sleep(0.2)
+        took = time.monotonic() - stalled
+        status, said = get(probe + "/live")
+        assert status == 503 and "has not finished a pass for" in str(said["reason"]), said
+        assert get(probe + "/ready")[0] == 503
+        assert get(gw.url + "/liveness")[0] == 200  # smg's own: alive, it cannot see the rotation
+        with open(gw.discovery, "w") as writer:  # the blocked pass reads this and goes on
+            json.dump({"version": 1, "workers": [{"id": "a", "url": f"http://127.0.0.1:{stub.port}",
+                       "ready_url": f"http://127.0.0.1:{stub.exporter_port}/ready"}]}, writer)  # fmt: skip
+        gw.write({"a": stub})  # type: ignore[dict-item]
+        moved = time.monotonic()
+        while get(probe + "/live")[0] != 200:
+            assert time.monotonic() - moved < 10, gw.output.read_text()[-2000:]
+            time.sleep(0.2)
+    finally:
+        gw.stop()
+        stub.stop()
+    print(f"\na stalled rotation: /live 503 after {took:.1f} s (bound 3 s), 200 again once it moved")
+    # counted from the last pass that finished, up to a poll (and its pass) before the stall began
+    assert 3 - rotation.POLL_SECONDS - 0.5 <= took < 3 + 3, took

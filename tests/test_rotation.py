@@ -470,6 +470,9 @@ def test_a_lookup_that_hangs_is_bounded_and_keeps_the_last_listing(monkeypatch: 
     hang.set()
 
 
+BOUND = settings.load_config()["monitoring"]["rotation_stale_seconds"]  # 60: the alert's too
+
+
 def test_the_gateways_probes_fail_on_a_stale_rotation_and_while_no_replica_is_in(tmp_path: Path) -> None:
     """smg's own probes cannot see the rotation; the kit's (gateway/probes.py) can: /live fails once no pass has
     finished for WATCHED_SECONDS, /ready while no replica is in the rotation or smg was not given them lately."""
@@ -484,21 +487,21 @@ def test_the_gateways_probes_fail_on_a_stale_rotation_and_while_no_replica_is_in
             source, tmp_path / "out.json", 30090, lambda u: said[u], slots=pools, smg=Smg()
         )  # type: ignore[arg-type]
         now = time.time()
-        assert not probes.live(turn, smg_probe, now).ok  # no pass yet
+        assert not probes.live(turn, smg_probe, now, BOUND).ok  # no pass yet
         turn.step()
         now = time.time()
-        assert probes.live(turn, smg_probe, now) == (True, "smg: 200")
-        assert probes.ready(turn, smg_probe, now) == (False, "no replica is in the rotation")
+        assert probes.live(turn, smg_probe, now, BOUND) == (True, "smg: 200")
+        assert probes.ready(turn, smg_probe, now, BOUND) == (False, "no replica is in the rotation")
         said["http://10.0.0.1:30090/ready"] = Answer(True, "ready")
         turn.step()
-        assert probes.ready(turn, smg_probe, time.time()) == (True, "1 replica(s) in the rotation")
-        later = time.time() + probes.WATCHED_SECONDS + 1  # no pass since: stuck
-        stale = probes.live(turn, smg_probe, later)
-        assert not stale.ok and "has not finished a pass for 61 s" in stale.reason, stale
-        assert not probes.ready(turn, smg_probe, later).ok
+        assert probes.ready(turn, smg_probe, time.time(), BOUND) == (True, "1 replica(s) in the rotation")
+        later = time.time() + BOUND + 1  # no pass since: stuck
+        stale = probes.live(turn, smg_probe, later, BOUND)
+        assert not stale.ok and "has not finished a pass for 61 s (more than 60)" in stale.reason, stale
+        assert not probes.ready(turn, smg_probe, later, BOUND).ok
         Ready.answers = {"/liveness": (503, {}), "/readiness": (503, {})}
-        assert probes.live(turn, smg_probe, time.time()) == (False, "smg liveness: 503")
-        assert probes.ready(turn, smg_probe, time.time()) == (False, "smg readiness: 503")
+        assert probes.live(turn, smg_probe, time.time(), BOUND) == (False, "smg liveness: 503")
+        assert probes.ready(turn, smg_probe, time.time(), BOUND) == (False, "smg readiness: 503")
     finally:
         server.shutdown()
 

@@ -29,6 +29,7 @@ class Gateway:
         wrapper: tuple[str, ...] = (),
         smg_flags: tuple[str, ...] = (),
         rotation: Path | None = None,
+        launch_flags: tuple[str, ...] = (),
         **env: str,
     ) -> None:
         self.tmp, self.port, self.metrics, self.rotation_metrics = tmp, free_port(), free_port(), free_port()
@@ -56,6 +57,7 @@ class Gateway:
             str(self.rotation),
             "--rotation-metrics-port",
             str(self.rotation_metrics),
+            *launch_flags,
         ]
         self.proc = subprocess.Popen(
             [*wrapper, *self.launch, "--",
