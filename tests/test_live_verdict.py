@@ -176,10 +176,12 @@ GROWTH = 4_500_000  # bytes of batch lines: past logscan.TAIL_BYTES (4 MiB), as 
 
 
 def grown(c: Container) -> None:
-    """Wait until the one writer (the lifecycle tick, every 5 s) has kept the start's facts, then grow the log."""
+    """Wait until the one writer (the lifecycle tick, every 5 s) has kept the start's facts, its ready line among
+    them, then grow the log. (Kept once the capture was done, a tick may not yet have kept the ready line: on a loaded
+    machine the log then lost it to the growth, and /ready read warming_up.)"""
     kept = c.tmp / "run" / state.CAPTURE
     deadline = time.monotonic() + 30
-    while (state.read_json(kept) or {}).get("start") != 1:
+    while (found := state.read_json(kept) or {}).get("start") != 1 or "ready" not in found.get("seen", []):
         assert time.monotonic() < deadline, f"capture.json never written\n{c.entrypoint_output.read_text()}"
         time.sleep(0.5)
     with c.log.open("ab") as fh:
