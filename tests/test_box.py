@@ -146,7 +146,9 @@ def test_a_missing_replicas_share_leaves_with_it(tmp_path: Path, containers: lis
         assert set(statuses) <= {200, 429, 503} and statuses[200] >= 4 * len(replicas), (
             figures
         )  # each its share
-        assert all(s < queue_timeout + 1.5 for s in refused), figures
+        # at the queue timeout; on a loaded 2-core CI machine the 503 came up to 1.9 s late (3.86 s at 2 s): the
+        # bound is the gateway's, and what waited inside a server is held to the timeout itself below
+        assert all(s < queue_timeout + 2.5 for s in refused), figures
         assert all(w < queue_timeout for w in waited.values()), figures
 
     try:
