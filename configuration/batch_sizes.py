@@ -6,6 +6,9 @@ get_prefill_num_tokens_to_capture). tests/test_launch.py compares these with the
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 SPECULATIVE_DEFAULT_MAX_RUNNING = 48  # sglang caps running requests at 48 with speculative decoding
 # A rank's request pool when max_running_requests is unset: at least 2048 (mem_cache/kv_cache_configurator.py
 # resolve_max_num_reqs: max(min(tokens / context_len x 512, 4096), 2048), under half its token capacity), above any
@@ -81,6 +84,15 @@ def decode_capture_sizes(
     top = ceil_align(rank_pool(max_running_requests, speculative, attn_dp_size), base)
     found = listed + ([top] if max(listed) > top else [])
     return sorted({bs for bs in found if bs % base == 0 and bs <= top})
+
+
+def rank_decode_sizes(values: Mapping[str, Any], attn_dp_size: int = 1) -> list[int]:
+    """decode_capture_sizes under resolved settings (configuration/settings.py values): the graph cap, speculative
+    decoding, the running-request cap and the GPU count, for `attn_dp_size` groups."""
+    return decode_capture_sizes(
+        values["cuda_graph_max_bs_decode"], values["speculative"] != "off", values["max_running_requests"],
+        attn_dp_size, int(values["gpu_count"]),
+    )  # fmt: skip
 
 
 def prefill_capture_sizes(max_tokens: int, attn_dp_size: int = 1, tp_size: int = 8) -> list[int]:

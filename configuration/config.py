@@ -13,7 +13,7 @@ from typing import Any
 
 from common.report import Problem, Problems
 from configuration import compile_jobs, layout, settings
-from configuration.batch_sizes import decode_capture_sizes, prefill_capture_sizes
+from configuration.batch_sizes import prefill_capture_sizes, rank_decode_sizes
 from configuration.state import SERVER_CONFIG
 
 SERVER_PROGRAM = ("python3", "-m", "sglang.launch_server")
@@ -203,6 +203,8 @@ def resolve(environ: Mapping[str, str], config: Mapping[str, Any] | None = None)
     except Problem as problem:
         problems.append(problem)
         chosen = layout.Layout("latency", 1, (), "", "latency")
+    if chosen.mem_fraction is not None:  # the DP graphs' room (layout.py): what --mem-fraction-static renders
+        values["mem_fraction_static"] = chosen.mem_fraction
     argv = list(SERVER_PROGRAM)
     secret_options: dict[str, str] = {}
     for flag in config["flag"]:
@@ -237,8 +239,6 @@ def resolve(environ: Mapping[str, str], config: Mapping[str, Any] | None = None)
     for setting in decls.values():
         argv += setting.flags.get(str(values[setting.key]), [])
     argv += chosen.flags()
-    if chosen.mem_fraction is not None and "--mem-fraction-static" in argv:  # the DP graphs' room (layout.py)
-        argv[argv.index("--mem-fraction-static") + 1] = f"{chosen.mem_fraction:.2f}"
     argv += values["extra_args"]
     if secret_options:
         argv += [CONFIG_FLAG, str(Path(values["state_dir"]) / SERVER_CONFIG)]
@@ -247,7 +247,6 @@ def resolve(environ: Mapping[str, str], config: Mapping[str, Any] | None = None)
     values["build_id"] = build_id(values["home"])
     values["cache_root"] = f"{values['cache_dir']}/build-{values['build_id']}"
     env = {e["name"]: str(e["value"]).format(**values) for e in config["env"] if "value" in e}
-    spec = values["speculative"] != "off"
     groups, tp = chosen.attn_dp_size, int(values["gpu_count"])
     # The largest prefill shape: 0.5.23 caps it at min(8192, chunk) (srt/arg_groups/memory_hook.py:233-237), the
     # chunk a rank's (prefill_chunk). tests/test_launch.py holds this to 0.5.23's own resolution, and preflight holds
@@ -263,9 +262,7 @@ def resolve(environ: Mapping[str, str], config: Mapping[str, Any] | None = None)
         values,
         argv,
         env,
-        decode_capture_sizes(
-            values["cuda_graph_max_bs_decode"], spec, values["max_running_requests"], groups, tp
-        ),
+        rank_decode_sizes(values, groups),
         prefill_capture_sizes(prefill_max, groups, tp),
         chunk,
         chosen,

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from common.report import Problem
-from configuration.batch_sizes import decode_capture_sizes
+from configuration.batch_sizes import rank_decode_sizes
 
 GIB = 2**30
 MIB = 2**20
@@ -176,10 +176,7 @@ def fraction_for(size: int, values: Mapping[str, Any], layout: Mapping[str, Any]
     base = float(values["mem_fraction_static"])
     if pinned or size <= 1:
         return base
-    max_bs = decode_capture_sizes(
-        values["cuda_graph_max_bs_decode"], values["speculative"] != "off", values["max_running_requests"],
-        size, int(values["gpu_count"]),
-    )[-1]  # fmt: skip
+    max_bs = rank_decode_sizes(values, size)[-1]
     return math.floor((base - graph_reserve_mib(size, max_bs) / layout["gpu_memory_mib"]) * 100) / 100
 
 

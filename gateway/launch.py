@@ -47,7 +47,7 @@ from prometheus_client import CollectorRegistry
 from common.report import INVALID_SETTING, USAGE, Log, Problem, Problems
 from configuration import admission as kv
 from configuration import layout, settings
-from configuration.batch_sizes import decode_capture_sizes
+from configuration.batch_sizes import rank_decode_sizes
 from configuration.config import generated_key
 from gateway import probes
 from gateway.rotation import Registry, Rotation, Slots, peers, pods, read_workers
@@ -63,10 +63,7 @@ def slots(values: Mapping[str, Any]) -> Slots:
     gw = settings.load_config()["gateway"]
 
     def admitted(pool: float | None, groups: int = 1) -> int:
-        graphs = decode_capture_sizes(
-            values["cuda_graph_max_bs_decode"], values["speculative"] != "off", values["max_running_requests"],
-            groups, int(values["gpu_count"]),
-        )[-1]  # fmt: skip
+        graphs = rank_decode_sizes(values, groups)[-1]
         return max(1, groups * kv.per_replica(graphs, pool or gw["kv_tokens"], gw["context_tokens"]))
 
     return admitted

@@ -91,6 +91,16 @@ def removed_flag_argvs() -> list[list[str]]:
     return [["--model-path", "/m", flag, "8"] for flag in settings.load_config()["removed_flag"]]
 
 
+def capture_request(e: config.Effective) -> list[Any]:
+    """What the oracles take of a start to compute its capture lists: SGLang's argv, the decode cap, a rank's tokens."""
+    max_bs = batch_sizes.effective_decode_max_bs(
+        e.values["cuda_graph_max_bs_decode"],
+        e.values["speculative"] != "off",
+        e.values["max_running_requests"],
+    )
+    return [server_args(e.public_argv()), max_bs, rank_tokens(e)]
+
+
 @pytest.fixture(scope="module")
 def real(rendered: list[config.Effective], key_folder: Path) -> dict[str, Any]:
     """The module's one oracle run (sglang imported once: about 5 CPU-seconds): SETTINGS' argvs ("parse"), the
@@ -105,16 +115,8 @@ def real(rendered: list[config.Effective], key_folder: Path) -> dict[str, Any]:
                 server_args(keyed.argv),
             ],
             "capture": [
-                [
-                    server_args(e.public_argv()),
-                    batch_sizes.effective_decode_max_bs(
-                        e.values["cuda_graph_max_bs_decode"],
-                        e.values["speculative"] != "off",
-                        e.values["max_running_requests"],
-                    ),
-                    rank_tokens(e),
-                    8192,  # unread: the prefill shapes are held to SGLang's own resolution (RESOLVED below)
-                ]
+                # the last, 8192, unread: the prefill shapes are held to SGLang's own resolution (RESOLVED below)
+                [*capture_request(e), 8192]
                 for e in rendered
             ],
             "dsa": [*DSA_SETS.values(), DSA_REFUSED],
@@ -194,18 +196,7 @@ def resolved(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[config.Effe
         ROOT / "tests" / "helpers" / "sglang_resolution_oracle.py",
         {
             "model": str(model),
-            "resolve": [
-                [
-                    server_args(e.public_argv()),
-                    batch_sizes.effective_decode_max_bs(
-                        e.values["cuda_graph_max_bs_decode"],
-                        e.values["speculative"] != "off",
-                        e.values["max_running_requests"],
-                    ),
-                    rank_tokens(e),
-                ]
-                for e in effective
-            ],
+            "resolve": [capture_request(e) for e in effective],
         },
         python=str(ROOT / ".venv-sglang-cpu" / "bin" / "python"),
         env={"PYTHONPATH": str(ROOT / "tests" / "stubs" / "sglang_cpu"), "SGLANG_USE_CPU_ENGINE": "1"},
