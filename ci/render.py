@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from common.report import EXIT_CODES, FAILED, FAILURES, OK, Log, Problems
-from configuration import admission, config, settings, state
+from configuration import admission, config, layout, settings, state
 from configuration.batch_sizes import effective_decode_max_bs
 from entrypoint import preflight
 from healthcheck.verdict import Phase
@@ -151,8 +151,10 @@ def values(cfg: Mapping[str, Any]) -> dict[str, Any]:
         defaults["speculative"] != "off",
         defaults["max_running_requests"],
     )
+    # A replica's KV pool at TP attention and the defaults, by the layout's estimate (configuration/layout.py).
+    v["replica_pool_tokens"] = pool = layout.default_pool(cfg)
     v["autoscaling_admitted"] = admission.per_replica(
-        v["autoscaling_capacity"], v["gateway_kv_tokens"], v["gateway_context_tokens"]
+        v["autoscaling_capacity"], pool, v["gateway_context_tokens"]
     )
     # smg keeps listening min(grace / 2, 5 s) after SIGTERM (for load balancers to notice), then drains the rest.
     v["gateway_stop_grace_seconds"] = v["gateway_shutdown_grace_seconds"] + 5 + v["stop_margin_seconds"]
@@ -169,7 +171,7 @@ def values(cfg: Mapping[str, Any]) -> dict[str, Any]:
         )
     problems += autoscaling_problems(v)
     problems += node_problems(v)
-    problems += admission.drift(cfg)
+    problems += admission.drift(cfg, pool)
     if problems:
         raise RenderError("entrypoint/glm5.toml: " + "; ".join(problems))
     return v
@@ -495,15 +497,19 @@ def readme_blocks(cfg: Mapping[str, Any]) -> dict[str, Callable[[], str]]:
 
     def sizing() -> str:
         gw, deployment = cfg["gateway"], cfg["deployment"]
-        decode = int(values(cfg)["autoscaling_capacity"])  # the largest captured decode batch at the defaults
+        found = values(cfg)
+        decode = int(found["autoscaling_capacity"])  # the largest captured decode batch at the defaults
+        # The pools by the layout's estimate at TP attention: the fp8 cache (the default), and bf16's at its own
+        # bytes a token (configuration/layout.py kv_bytes_per_token).
+        pool, wide = found["replica_pool_tokens"], layout.default_pool(cfg, {"GLM5_KV_CACHE_DTYPE": "bf16"})
         rows = [
-            f"| context (prompt + answer) | requests a replica holds at once (fp8 KV cache, {gw['kv_tokens']:,} tokens) "
-            "| with `GLM5_KV_CACHE_DTYPE=bf16` (twice the bytes a token) |",
+            f"| context (prompt + answer) | requests a replica holds at once (fp8 KV cache, {pool:,} tokens) "
+            f"| with `GLM5_KV_CACHE_DTYPE=bf16` ({wide:,} tokens) |",
             "|---|---|---|",
         ]
         for context in gw["sizing_contexts"]:
-            fp8 = admission.per_replica(decode, gw["kv_tokens"], context)
-            bf16 = admission.per_replica(decode, gw["kv_tokens"] // 2, context)
+            fp8 = admission.per_replica(decode, pool, context)
+            bf16 = admission.per_replica(decode, wide, context)
             mark = " (the gateway's `context_tokens`)" if context == gw["context_tokens"] else ""
             rows.append(f"| {context:,}{mark} | {fp8} | {bf16} |")
         rows += [

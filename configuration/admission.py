@@ -20,9 +20,10 @@ def per_replica(decode_capacity: int, max_total_num_tokens: float, context_token
     return max(1, min(decode_capacity, kv_requests(max_total_num_tokens, context_tokens)))
 
 
-def drift(cfg: Mapping[str, Any]) -> list[str]:
+def drift(cfg: Mapping[str, Any], pool: int) -> list[str]:
     """Bounds that must agree so that no answer the gateway admits is cut by a replacement (of a replica: its drain;
-    of a gateway: smg's own), each with the fix."""
+    of a gateway: smg's own), and a pool that holds a request; each with the fix. `pool`: a replica's KV pool at the
+    defaults (configuration/layout.py default_pool)."""
     gw, deployment = cfg["gateway"], cfg["deployment"]
     longest = gw["request_timeout_seconds"]
     found = []
@@ -37,9 +38,9 @@ def drift(cfg: Mapping[str, Any]) -> list[str]:
             f"[gateway] shutdown_grace_seconds = {gw['shutdown_grace_seconds']} is under request_timeout_seconds = "
             f"{longest}: a gateway restart would cut answers in flight; raise shutdown_grace_seconds"
         )
-    if gw["context_tokens"] < 1 or gw["kv_tokens"] < gw["context_tokens"]:
+    if gw["context_tokens"] < 1 or pool < gw["context_tokens"]:
         found.append(
-            f"[gateway] context_tokens = {gw['context_tokens']}, kv_tokens = {gw['kv_tokens']}: 1 <= context_tokens "
-            "<= kv_tokens (a replica's pool holds at least one request)"
+            f"[gateway] context_tokens = {gw['context_tokens']}: 1 <= context_tokens <= {pool:,}, a replica's KV pool "
+            "at the defaults by configuration/layout.py's estimate (a replica's pool holds at least one request)"
         )
     return found

@@ -12,6 +12,9 @@ own reserve for graphs grows by D x max_bs x 3 MB (and x 1.5 more above 300: srt
 reserve_for_graph_mb): unless GLM5_MEM_FRACTION_STATIC is set, a throughput start gives that much of the static share
 back (`mem_fraction`), so the graphs keep the room the latency profile measured for them. `auto` takes the D whose
 pools hold the most requests of [gateway].context_tokens.
+`pool_tokens` at TP attention and the settings' defaults (`default_pool`) is a replica's pool wherever its own is not
+read: the gateway's admission before a replica publishes its own, ci/render's checks and docs/reference.md's sizing
+and layout tables (one figure, this arithmetic's: glm5.toml writes none).
 The figures are glm5.toml [layout]'s and the checkpoint's dimensions (its config.json when readable): ESTIMATES, to
 be measured on the box (ci/bench --sweep).
 """
@@ -26,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from common.report import Problem
+from configuration import settings
 from configuration.batch_sizes import rank_decode_sizes
 
 GIB = 2**30
@@ -191,8 +195,24 @@ def option(
     attention = model.attention_bytes() * size / tp
     kv = max(0.0, budget - others - attention - model.embedding_bytes() * size / tp)
     pool = int(kv // model.kv_bytes_per_token(values["kv_cache_dtype"]))
-    requests = size * (pool // int(values["context_tokens"]))
+    requests = size * (pool // max(1, int(values["context_tokens"])))  # 0 is refused by admission.drift
     return Option(size, fraction, attention / GIB, kv / GIB, pool, requests)
+
+
+def pool_tokens(
+    values: Mapping[str, Any], config: Mapping[str, Any], size: int = 1, pinned: bool = False
+) -> int:
+    """One attention group's KV pool in tokens by the estimate (`option`) under the resolved settings `values`, at
+    attention-DP `size` (1: TP attention, the replica's whole pool); `pinned`: GLM5_MEM_FRACTION_STATIC was set."""
+    model = model_of(values["model_dir"], config["layout"]["model"])
+    context = {"context_tokens": config["gateway"]["context_tokens"]}
+    return option(model, size, {**values, **context}, config["layout"], pinned).pool_tokens
+
+
+def default_pool(config: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> int:
+    """A replica's KV pool at TP attention (the default profile) under the settings' defaults (or `environ`'s):
+    docs/reference.md's sizing table, and what ci/render checks [gateway].context_tokens and KEDA's unit against."""
+    return pool_tokens(settings.resolve(environ or {}, config, where="ci"), config)
 
 
 def resolve(values: Mapping[str, Any], config: Mapping[str, Any], fraction_pinned: bool = False) -> Layout:

@@ -57,14 +57,19 @@ LOG = Log("gateway")
 
 def slots(values: Mapping[str, Any]) -> Slots:
     """What the gateways admit to a replica whose attention-DP groups (1: TP attention) each hold a KV pool (None:
-    unknown, [gateway].kv_tokens): per group what its pool holds of [gateway].context_tokens, at most the largest
-    decode batch a rank captures (its share of the running requests under DP attention). The rotation uses it only
-    for a replica whose /ready publishes no `admitted_requests`, and divides it among the live gateways."""
-    gw = settings.load_config()["gateway"]
+    unknown: a group's pool by the layout's estimate under `values`, configuration/layout.py pool_tokens): per group
+    what its pool holds of [gateway].context_tokens, at most the largest decode batch a rank captures (its share of
+    the running requests under DP attention). The rotation uses it only for a replica whose /ready publishes no
+    `admitted_requests`, and divides it among the live gateways."""
+    cfg = settings.load_config()
+    gw = cfg["gateway"]
+    estimated: dict[int, int] = {}  # attention-DP groups -> a group's pool by the estimate
 
     def admitted(pool: float | None, groups: int = 1) -> int:
         graphs = rank_decode_sizes(values, groups)[-1]
-        return max(1, groups * kv.per_replica(graphs, pool or gw["kv_tokens"], gw["context_tokens"]))
+        if not pool and groups not in estimated:
+            estimated[groups] = layout.pool_tokens(values, cfg, groups)
+        return max(1, groups * kv.per_replica(graphs, pool or estimated[groups], gw["context_tokens"]))
 
     return admitted
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from configuration import admission, settings
+from configuration import admission, layout, settings
 from configuration.batch_sizes import effective_decode_max_bs
 from conftest import ROOT
 from helpers import k8s
@@ -38,9 +38,8 @@ def capacity() -> int:
 
 def admitted() -> int:
     """A replica's share of the gateway's admission: what its KV pool holds of [gateway].context_tokens, at most its
-    largest captured decode batch (configuration/admission.py)."""
-    gw = CONFIG["gateway"]
-    return admission.per_replica(capacity(), gw["kv_tokens"], gw["context_tokens"])
+    largest captured decode batch (configuration/admission.py); the pool by the layout's estimate at the defaults."""
+    return admission.per_replica(capacity(), layout.default_pool(CONFIG), CONFIG["gateway"]["context_tokens"])
 
 
 def scaled_object() -> dict[str, Any]:

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from common.report import FAILURE, Problems
-from configuration import batch_sizes, config, settings, state
+from configuration import batch_sizes, config, layout, settings, state
 from conftest import ROOT, kit_env
 from entrypoint import relay
 from helpers import oracles
@@ -64,9 +64,12 @@ SETTINGS = [
 
 
 def rank_tokens(effective: config.Effective) -> int:
-    """A rank's KV pool in tokens, as the layout's arithmetic has it (what SGLang sizes its request pool from)."""
+    """A rank's KV pool in tokens, as the layout's arithmetic has it (what SGLang sizes its request pool from; TP
+    attention: the pool at the defaults)."""
     options = {o.attn_dp_size: o.pool_tokens for o in effective.layout.options}
-    return options.get(effective.layout.attn_dp_size, 427550)
+    if effective.layout.attn_dp_size in options:
+        return options[effective.layout.attn_dp_size]
+    return layout.default_pool(settings.load_config())
 
 
 @pytest.fixture(scope="module")

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 
 import pytest
 
 from common.report import Problems
-from configuration import config, layout, settings
+from configuration import admission, config, layout, settings
+from configuration.batch_sizes import rank_decode_sizes
 from conftest import ROOT, kit_env
+from gateway import launch
 
 FIXTURE = ROOT / "tests/fixtures/glm5-config"
 THROUGHPUT = {"GLM5_PROFILE": "throughput"}
@@ -121,3 +124,24 @@ def test_the_dry_run_shows_the_arithmetic_that_chose_the_size() -> None:
     assert [r[2] for r in rows[1:]] == ["0.80", "0.75", "0.70", "0.61"]  # each size's static share
     # SGLang divides the chunk by the 2 groups and clamps the prefill shapes to it (tests/test_launch.py RESOLVED)
     assert "# decode graphs expected 50 a rank (4..512), prefill shapes 50" in done.stdout
+
+
+def test_a_replicas_kv_pool_is_one_figure_the_layouts() -> None:
+    """Issue 53 (G): glm5.toml's [gateway].kv_tokens (412,160: 25 requests of 16k) beside the layout's TP-attention
+    pool (427,550: 26). One figure now, the layout's estimate at the defaults: glm5.toml writes none, the gateway counts
+    it for a replica that has not said its own pool, and docs/reference.md's sizing and layout tables both show it."""
+    cfg = settings.load_config()
+    pool, context = layout.default_pool(cfg), cfg["gateway"]["context_tokens"]
+    assert "kv_tokens" not in cfg["gateway"], "a hand-written pool beside the layout's arithmetic"
+    values = settings.resolve({})
+    share = admission.per_replica(rank_decode_sizes(values, 1)[-1], pool, context)
+    assert launch.slots(values)(None) == share  # the gateway's bound before a replica answers
+    text = (ROOT / "docs/reference.md").read_text()
+    sizing = re.search(r"\(fp8 KV cache, ([\d,]+) tokens\)", text)
+    tp = re.search(r"^\| TP \(`latency`\) \| [^|]+\| [^|]+\| ([\d,]+) \|((?: \d+ \|)+)$", text, re.M)
+    held = re.search(rf"^\| {context:,} \(the gateway's `context_tokens`\) \| (\d+) \|", text, re.M)
+    assert sizing and tp and held, "docs/reference.md's sizing or layouts table changed shape"
+    assert int(sizing[1].replace(",", "")) == int(tp[1].replace(",", "")) == pool
+    head = text[: tp.start()].rsplit("\n| attention |", 1)[1].split("\n", 1)[0]
+    column = [c.strip() for c in head.split("|")[3:-1]].index(f"requests of {context:,}")
+    assert int(held[1]) == int(tp[2].split("|")[column]) == share

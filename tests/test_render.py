@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from ci import render
-from configuration import admission
+from configuration import admission, layout
 from conftest import ROOT
 
 RENDER = ROOT / "ci" / "render"
@@ -466,7 +466,7 @@ def test_the_drain_covers_the_longest_answer_the_gateway_admits(
     """A replica's drain and a gateway's own both last at least smg's request timeout, the longest answer it lets run:
     a replacement cuts no answer. Bounds that drift apart are refused, naming the fix."""
     config_now = tomllib.loads((ROOT / "entrypoint" / "glm5.toml").read_text())
-    assert not admission.drift(config_now)
+    assert not admission.drift(config_now, layout.default_pool(config_now))
     root = kit_copy(tmp_path)
     set_source(root, old, new)
     done = run_render(root)

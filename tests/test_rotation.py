@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import pytest
 from prometheus_client import CollectorRegistry
 
-from configuration import settings
+from configuration import layout, settings
 from conftest import ROOT, kit_env
 from gateway import launch, probes, rotation
 from gateway.rotation import Answer
@@ -28,9 +28,15 @@ def workers_file(path: Path, *workers: dict[str, str]) -> Path:
     return path
 
 
+# A replica's pool by the layout's estimate at the defaults (TP attention), the one figure the gateway counts for a
+# replica that has not said its own, and what it holds of [gateway].context_tokens (16,384).
+POOL = layout.default_pool(settings.load_config())
+SHARE = POOL // 16_384
+
+
 def pools(pool: float | None, groups: int = 1) -> int:
-    """A replica's share as launch sizes it: 25 requests of 16k for an unknown pool, else what its pool holds."""
-    return groups * (int(pool or 412_160) // 16_384)
+    """A replica's share as launch sizes it: SHARE requests of 16k for an unknown pool, else what its pool holds."""
+    return groups * (int(pool or POOL) // 16_384)
 
 
 class Smg:
@@ -68,11 +74,11 @@ def test_smg_is_given_only_the_ready_replicas_each_with_what_its_pool_holds(tmp_
     )  # the exporter port of the url's host, or the worker's own ready_url
     assert turn.step() is False  # nothing changed: the record is not rewritten
     assert len(smg.given) == 2  # smg is told every pass: what it lost (a failed registration) comes back
-    ready["http://10.0.0.2:9/ready"] = Answer(True, "ready")  # no pool said: [gateway].kv_tokens
+    ready["http://10.0.0.2:9/ready"] = Answer(True, "ready")  # no pool said: the layout's estimate
     ready["http://10.0.0.1:30090/ready"] = Answer(False, "draining")  # a stopped replica leaves at once
     assert turn.step() is True
     assert [w["id"] for w in json.loads(target.read_text())["workers"]] == ["b"]
-    assert smg.given[-1] == {"http://10.0.0.2:30000": 25}
+    assert smg.given[-1] == {"http://10.0.0.2:30000": SHARE}
     ready["http://10.0.0.2:9/ready"] = Answer(
         True, "ready", 163_840.0, 4
     )  # restarted with 4 attention-DP groups
@@ -164,8 +170,8 @@ def test_each_replicas_share_is_what_its_pool_holds_and_smg_admits_their_sum() -
 
     gw = settings.load_config()["gateway"]
     share = launch.slots(settings.resolve({}))
-    # No server has said its pool: [gateway].kv_tokens (412,160) holds 25 requests of context_tokens (16,384) each.
-    assert share(None) == 25
+    # No server has said its pool: the layout's estimate at the defaults holds SHARE of context_tokens (16,384) each.
+    assert share(None) == SHARE == layout.default_pool(settings.load_config()) // gw["context_tokens"]
     assert share(8_400_000) == 512  # a pool of 8.4 M tokens holds 512 of 16k: the captured graphs' bound
     assert share(1_638_400) == 100  # the pool, not the graphs, bounds it
     assert (
@@ -180,14 +186,14 @@ def test_each_replicas_share_is_what_its_pool_holds_and_smg_admits_their_sum() -
         settings.resolve({"GLM5_PROFILE": "throughput", "GLM5_MAX_RUNNING_REQUESTS": "256"})
     )
     assert capped(8_400_000, 4) == 4 * 64
-    assert flags(2)["--queue-size"] == "50"  # TP attention's bound: 2 x 25
+    assert flags(2)["--queue-size"] == str(2 * SHARE)  # TP attention's bound: 2 x SHARE
     default = flags(2)
     # smg's priority scheduler sums the shares the rotation registers; the queue is for the replicas listed, and
     # smg's legacy bound is off: it would admit requests while no replica is registered (404, issue 51)
     assert "--priority-scheduler-enabled" in default
     assert default["--priority-scheduler-config"] == "/run/scheduler.json"
     assert default["--priority-scheduler-default-max-class"] == "default"  # no client raises its own class
-    assert default["--max-concurrent-requests"] == "0" and default["--queue-size"] == "50"
+    assert default["--max-concurrent-requests"] == "0" and default["--queue-size"] == str(2 * SHARE)
     assert default["--queue-timeout-secs"] == str(gw["queue_timeout_seconds"])
     assert default["--balance-abs-threshold"] == "1" and "--disable-worker-overload-protection" in default
     assert default["--request-timeout-secs"] == str(gw["request_timeout_seconds"])
@@ -283,7 +289,7 @@ def test_on_kubernetes_an_unverified_pod_gets_no_traffic_also_after_an_in_place_
     target = tmp_path / "out.json"
     turn = rotation.Rotation(source, target, 30090, lambda url: said[url], slots=pools)
     turn.step()
-    one = {"slots": 25}
+    one = {"slots": SHARE}
     assert json.loads(target.read_text())["workers"] == [
         {"id": "10.0.0.1", "url": "http://10.0.0.1:30000"} | one
     ]
@@ -433,20 +439,20 @@ def test_a_replica_leaves_on_its_own_word_at_once_and_after_missed_answers_only_
     for blip in blips[: rotation.MISSED_PASSES - 1]:  # a blip of fewer passes than the bound: kept
         said[url] = blip
         turn.step()
-        assert smg.given[-1] == {"http://10.0.0.1:30000": 25}, blip
+        assert smg.given[-1] == {"http://10.0.0.1:30000": SHARE}, blip
     said[url] = Answer(True, "ready")
     turn.step()
     for _ in range(rotation.MISSED_PASSES):  # silent that many passes in a row: out on the last
         said[url] = blips[0]
         turn.step()
-    assert smg.given[-rotation.MISSED_PASSES :] == [{"http://10.0.0.1:30000": 25}] * (
+    assert smg.given[-rotation.MISSED_PASSES :] == [{"http://10.0.0.1:30000": SHARE}] * (
         rotation.MISSED_PASSES - 1
     ) + [{}]
     said[url] = Answer(True, "ready")
     turn.step()
     said[url] = Answer(False, "draining")  # its own word: out at once
     turn.step()
-    assert smg.given[-2:] == [{"http://10.0.0.1:30000": 25}, {}]
+    assert smg.given[-2:] == [{"http://10.0.0.1:30000": SHARE}, {}]
 
 
 def test_a_lookup_that_hangs_is_bounded_and_keeps_the_last_listing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -516,7 +522,7 @@ def test_each_gateway_admits_a_replicas_published_share_divided_among_the_gatewa
     gateways = {"now": ["10.1.0.1", "10.1.0.2"]}
     count = rotation.peers("glm5-gateways.glm5.svc", "10.1.0.1", 2, lambda host, port: list(gateways["now"]))
     source = workers_file(tmp_path / "w.json", {"id": "a", "url": "http://10.0.0.1:30000"})
-    published = Answer(True, "ready", 412_160.0, 1, True, 30)  # the kit's arithmetic would say 25
+    published = Answer(True, "ready", float(POOL), 1, True, 30)  # the kit's arithmetic would say SHARE
     smg = Smg()
     turn = rotation.Rotation(
         source,
