@@ -69,7 +69,8 @@ class Effective:
         return values, sources
 
     def state(self, environ: Mapping[str, str]) -> dict[str, Any]:
-        """What the healthcheck and people read: the effective configuration of this run under `environ`."""
+        """The configuration's part of the start record (configuration/start.py): the effective configuration of this
+        run under `environ`."""
         env, env_from = self.server_env(environ)
         return {
             "argv": self.argv,  # holds no secret: those are in the server's config file
@@ -79,6 +80,9 @@ class Effective:
             "served_model_name": self.values["served_model_name"],
             "port": self.values["port"],
             "log_dir": self.values["log_dir"],
+            "cache_dir": self.values["cache_dir"],
+            "build_id": self.values["build_id"],
+            "cache_root": self.values["cache_root"],
             "health_timeout_seconds": self.values["health_timeout_seconds"],
             "stall_seconds": self.values["stall_seconds"],
             "autotune_stall_seconds": self.values["autotune_stall_seconds"],
@@ -89,6 +93,7 @@ class Effective:
             "decode_expected": len(self.decode_sizes),
             "prefill_token_sizes": self.prefill_sizes,
             "prefill_expected": len(self.prefill_sizes),
+            "prefill_chunk": self.prefill_chunk,
             "speculative": self.values["speculative"],
             "profile": self.layout.profile,
             "attn_dp_size": self.layout.attn_dp_size,

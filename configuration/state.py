@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 
 from common.report import Problem, Problems
 from configuration import settings
+from configuration.start import Start
 
 SERVER_LOG = (
     "server.log"  # in GLM5_LOG_DIR: written by supervisord (the server's output), read by the healthcheck
@@ -79,7 +80,7 @@ class Record(NamedTuple):
 
 RECORDS: tuple[Record, ...] = (
     Record(STARTS, ("entrypoint/launch.py",), "launch --serve, at each start", "launch --serve; every reader of a failure", "is the count", "the state folder", "how many starts this state folder has seen: the number in the marker"),
-    Record(LAUNCH, ("entrypoint/launch.py",), "launch --serve, at each start", "every prober, the gate, ci tools, people", "`start`, `pid`", "until the next start", "the current start's effective configuration: argv with secrets redacted, env, expected graph counts, port, log dir, health timeout"),
+    Record(LAUNCH, ("entrypoint/launch.py",), "launch --serve, at each start", "every prober, the exporter, the lifecycle listener, the gate, the bundle, ci tools, people: none of them resolves the configuration again (configuration/start.py RESOLVERS)", "`start`, `pid`", "until the next start", "the start record (configuration/start.py Start, typed): argv (no secret: those are in the server's config file), env, layout, capture lists and counts, prefill chunk, port, timeouts, build and cache folder, the all-reduce chosen, the doctor's warnings"),
     Record(CAPTURE, ("healthcheck/probe.py",), "entrypoint/lifecycle's tick (remember), the one writer, when it changes", "every prober", "`start`", "until the next start's is kept", "what the log said of a start once its capture is done or it is ready, its drain and what ended it merged in later (the log's tail window and its rotation lose the start's own lines)"),
     Record(STOPPED, ("entrypoint/launch.py",), "launch --serve, passing a SIGTERM or SIGINT on to the server", "every prober", "`start`", "until overwritten", "the start was told to stop; a start that reached ready reads draining from then on"),
     Record(FAILED, ("entrypoint/launch.py", "entrypoint/lifecycle.py"), "launch --prepare: preflight's refusal, before the first start; from the start on entrypoint/lifecycle alone (`record`: a judged verdict, a crash past the retries, FATAL)", "every prober, launch --failed-code (entrypoint.sh's exit code), entrypoint/lifecycle, people", "`start` (a refusal: the start it refused, the next number), `kind`, `code`", "removed at the next prepare; one of an earlier start is ignored", "a start the kit gave up on: the container stays up showing it (GLM5_ON_FAILURE=wait) and exits with `code` when stopped"),
@@ -192,12 +193,19 @@ def read_json(file: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def write_launch(state_dir: str | Path, record: dict[str, Any]) -> None:
-    path(state_dir, LAUNCH).write_text(json.dumps(record, indent=2) + "\n")
+def write_launch(state_dir: str | Path, record: Start) -> None:
+    """The start record, whole or not at all (probes read it at any moment)."""
+    write_whole(path(state_dir, LAUNCH), json.dumps(record.as_json(), indent=2) + "\n")
 
 
-def read_launch(state_dir: str | Path) -> dict[str, Any] | None:
-    return read_json(path(state_dir, LAUNCH))
+def read_launch(state_dir: str | Path) -> Start | None:
+    """The latest start's record; None before the first start, or for a file that is not a whole record."""
+    return Start.of(read_json(path(state_dir, LAUNCH)))
+
+
+def current_start(record: Start | None, start: int | None) -> Start | None:
+    """The start record if it is about start number `start`, else None."""
+    return record if record is not None and start is not None and record.start == start else None
 
 
 def current(record: dict[str, Any] | None, start: int | None) -> dict[str, Any] | None:
@@ -231,7 +239,7 @@ def unwatched(state_dir: str | Path, now: datetime.datetime) -> str | None:
     """Why nothing watches the server, or None: a start has run for WATCH_SILENT_SECONDS and the lifecycle listener
     has not ticked for as long (dead, or FATAL in supervisord)."""
     launch, watched = read_launch(state_dir), read_json(path(state_dir, WATCHED))
-    last = (watched or {}).get("at") or (launch or {}).get("started_at")
+    last = (watched or {}).get("at") or (launch.started_at if launch else None)
     if launch is None or not isinstance(last, str):
         return None  # no start yet: preflight and launch run before any listener matters
     try:
@@ -338,7 +346,7 @@ class Snapshot(NamedTuple):
     """The state folder as one judgement reads it, each file once: the current start's records only."""
 
     starts: int
-    launch: dict[str, Any] | None
+    launch: Start | None
     capture: dict[str, Any] | None
     stopped: dict[str, Any] | None  # any start's: the judgement matches it to the log's start
     verified: dict[str, Any] | None  # any start's: the judgement matches it to the log's start

@@ -4,9 +4,9 @@
     entrypoint/doctor --bundle /mounted/folder/bundle.tar.gz
 
 It holds the doctor's findings (its fast checks, run now), the versions (the build's records and the Python
-packages), the kit's version and the image's digest where it is known (image.json), the effective configuration (the server's argv and environment as launch renders them, or why the
-settings are refused), the run state (launch.json, failed.json, doctor.json, capture.json, the start counter; never
-the server's private config file, which holds the API key), the healthcheck's state, the server log's tail, and
+packages), the kit's version and the image's digest where it is known (image.json), the effective configuration (the
+server's argv and environment as the latest start's record holds them, or why there is none), the run state
+(launch.json, failed.json, doctor.json, capture.json, the start counter; never the server's private config file, which holds the API key), the healthcheck's state, the server log's tail, and
 `nvidia-smi -q` and `nvidia-smi topo -m`. Every secret the settings declare (GLM5_API_KEY, HF_TOKEN, from VAR or
 VAR_FILE) is replaced by `[redacted]` in every member, and so is any `Bearer` token. What cannot be read is named
 in the member `missing.txt` instead of stopping the bundle.
@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from common.report import OK, USAGE, Log, Problem, Problems
-from configuration import config, settings, state
+from configuration import settings, state
+from configuration.start import Start
 from entrypoint import doctor
 from healthcheck import probe
 
@@ -110,12 +111,25 @@ def image_identity(environ: Mapping[str, str], cfg: Mapping[str, Any] | None = N
     return json.dumps(record, indent=2) + "\n"
 
 
-def configuration(environ: Mapping[str, str]) -> str:
-    try:
-        effective = config.resolve(environ)
-    except Problems as err:
-        return json.dumps({"refused": [str(p) for p in err.problems]}, indent=2) + "\n"
-    return json.dumps({"argv": effective.argv, "env": effective.env}, indent=2) + "\n"
+def configuration(launch: Start | None, problems: list[Problem]) -> str:
+    """The latest start's configuration as its record holds it (launch resolved it once; nothing resolves it again),
+    or why there is none."""
+    if launch is None:
+        return (
+            json.dumps(
+                {
+                    "no_start": "no start record (launch.json) yet: `entrypoint/launch --dry-run` prints what a start "
+                    "would run, and state/failed.json holds a refused start's reason",
+                    "refused": [str(p) for p in problems],
+                },
+                indent=2,
+            )
+            + "\n"
+        )
+    return (
+        json.dumps({"start": launch.start, "argv": list(launch.argv), "env": dict(launch.env)}, indent=2)
+        + "\n"
+    )
 
 
 def log_tail(log_dir: str) -> str:
@@ -145,7 +159,7 @@ def members(environ: Mapping[str, str], box: doctor.Box) -> dict[str, str]:
     readers: dict[str, Callable[[], str | None]] = {
         "versions.txt": lambda: versions(home),
         "image.json": lambda: image_identity(environ),
-        "configuration.json": lambda: configuration(environ),
+        "configuration.json": lambda: configuration(state.read_launch(values["state_dir"]), problems),
         "doctor.json": lambda: doctor_findings(values, box),
         "healthcheck.json": lambda: healthcheck_state(environ),
         "server.log.tail": lambda: log_tail(values["log_dir"]),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime
 import functools
 import json
@@ -32,6 +33,7 @@ from typing import Any
 
 from common.report import FAILED, INVALID_SETTING, NO_SERVER_PROGRAM, Log, Problems
 from configuration import allreduce_choice, compile_jobs, config, settings, state
+from configuration.start import Start
 from entrypoint import preflight, relay, resolution
 
 LOG = Log("glm5-serve")
@@ -187,24 +189,27 @@ def serve(effective: config.Effective) -> int:
         argv = replacement + argv[len(config.SERVER_PROGRAM) :]
     started_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     choice = allreduce(effective)
-    record = with_allreduce(with_compile_jobs(effective.state(os.environ)), choice) | {
-        "start": start,
-        "pid": os.getpid(),
-        "started_at": started_at,
-        "doctor_warnings": state.read_doctor(state_dir),
-        # what the gateway sizes a request at, so that the exporter reports what it admits to this replica
-        "context_tokens": settings.load_config()["gateway"]["context_tokens"],
-    }
+    record = start_record(
+        with_allreduce(with_compile_jobs(effective.state(os.environ)), choice)
+        | {
+            "start": start,
+            "pid": os.getpid(),
+            "started_at": started_at,
+            "doctor_warnings": state.read_doctor(state_dir),
+            # what the gateway sizes a request at, so that the exporter reports what it admits to this replica
+            "context_tokens": settings.load_config()["gateway"]["context_tokens"],
+        }
+    )
     state.write_launch(state_dir, record)
     marker = state.marker_line(
-        start, started_at, os.getpid(), record["decode_expected"], record["prefill_expected"]
+        start, started_at, os.getpid(), record.decode_expected, record.prefill_expected
     )
     print(marker, flush=True)
     LOG.info(f"all-reduce: {choice.why}")
-    if record["max_jobs_sized"]:
+    if record.max_jobs_sized:
         LOG.info(
-            f"{compile_jobs.SETTING}={record['env'][compile_jobs.SETTING]} for run-time compiles: "
-            f"{record['max_jobs_sized']} (set {compile_jobs.SETTING} to override)"
+            f"{compile_jobs.SETTING}={record.env[compile_jobs.SETTING]} for run-time compiles: "
+            f"{record.max_jobs_sized} (set {compile_jobs.SETTING} to override)"
         )
     if replacement:
         LOG.warning(f"GLM5_SERVER_PROGRAM replaces the server program with: {shlex.join(replacement)}")
@@ -215,9 +220,18 @@ def serve(effective: config.Effective) -> int:
         state.write_server_config(state_dir, effective.secret_options)
     try:
         stopping = functools.partial(state.write_stopped, state_dir, start)
-        return supervise(argv, server_env(os.environ, record["env"]), effective.secrets(), stopping)
+        return supervise(argv, server_env(os.environ, dict(record.env)), effective.secrets(), stopping)
     finally:
         state.remove_server_config(state_dir)
+
+
+def start_record(fields: dict[str, Any]) -> Start:
+    """The typed start record of these fields; one that does not make a whole record is the kit's own fault."""
+    record = Start.of(fields)
+    if record is None:
+        missing = sorted(f.name for f in dataclasses.fields(Start) if f.name not in fields)
+        raise AssertionError(f"the start record is incomplete or mistyped (missing: {missing or 'none'})")
+    return record
 
 
 def server_env(environ: dict[str, str] | os._Environ[str], configured: dict[str, str]) -> dict[str, str]:

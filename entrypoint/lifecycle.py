@@ -113,14 +113,15 @@ def ended(values: Mapping[str, Any], rpc: Supervisor, restart: bool = True) -> s
     if given_up(state_dir):
         return ""
     scan = ended_start(state_dir, values["log_dir"])
-    launch = state.read_launch(state_dir) or {}
-    start = scan.start or launch.get("start") or state.starts_made(state_dir)
-    if was_verified(scan, state.read_verified(state_dir), values["verify"]):
+    launch = state.read_launch(state_dir)
+    start = scan.start or (launch.start if launch else None) or state.starts_made(state_dir)
+    mine = state.current_start(launch, start)
+    if was_verified(scan, state.read_verified(state_dir), mine.verify if mine else values["verify"]):
         state.clear_hangs(values["log_dir"])  # a verified start ends the row, seen ready by a tick or not
     else:
         kind, why = phase.crash(scan)
         retries = int(values["start_retries"])
-        began = scan.started_at or (launch.get("started_at") if launch.get("start") == start else None)
+        began = scan.started_at or (mine.started_at if mine else None)
         count = state.count_unverified_end(values["log_dir"], start, kind, why, began)
         if count > retries:
             reason = (  # the cause first: a report cut short (ci/bench's table, an alert's summary) keeps it

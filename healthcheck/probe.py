@@ -16,7 +16,7 @@ This module is the I/O edge: `observe` reads the log tail, the state folder (onc
 /health, turns the JSON records into typed values and writes nothing; healthcheck/phase.py `judge` decides (pure);
 `verdict(run_of(environ))` is the one call of the exporter, the lifecycle listener, the gate and the support bundle.
 `remember` is the one writer of capture.json (the lifecycle tick, with the tail it judged).
-It runs on every probe, so it imports little: no glm5.toml while the current start's launch.json exists.
+It runs on every probe, so it imports little; it never resolves the configuration: a start's facts are its record's.
 """
 
 from __future__ import annotations
@@ -33,29 +33,24 @@ from typing import Any
 
 from common.report import INVALID_SETTING, Log, Problems
 from configuration import state
-from healthcheck import logscan, phase
+from configuration.start import Start
+from healthcheck import logscan, phase, saved_log
 from healthcheck.verdict import Counts, Observation, Phase, Recorded, Run, Stop, Verdict, Verification
-
-RUN_KEYS = ("log_dir", "port", "health_timeout_seconds", "accept_partial_capture", "stall_seconds", "verify")
 
 
 def run_of(environ: Mapping[str, str]) -> Run:
-    """The run's settings: the current start's launch.json (validated by launch at start), else glm5.toml and the
+    """The run's settings: the latest start's record (launch.json, configuration/start.py), else glm5.toml and the
     environment (before the first start, or offline), an invalid setting at its default as supervisord runs it, so
     that a failure recorded under an invalid setting is found where it was written."""
     state_dir = environ.get("GLM5_STATE_DIR", "").strip()
     launch = state.read_launch(state_dir) if state_dir.startswith("/") else None
-    if launch is not None and all(k in launch for k in RUN_KEYS):
-        values: Mapping[str, Any] = launch | {"state_dir": state_dir}
-    else:
-        values, problems = state.supervised(environ, create=False)
-        # Named, not fatal: preflight records it as the start's failure (failed.json).
-        for problem in problems:
-            Log("healthcheck").warning(f"{problem}; judged with glm5.toml's value meanwhile")
-    autotune = values.get("autotune_stall_seconds")  # what a launch.json of an older kit lacks
-    found = values.get("allreduce")
-    chosen: Mapping[str, Any] = found if isinstance(found, dict) else {}
-    sizes = values.get("decode_batch_sizes")
+    if launch is not None:
+        return run_of_start(launch, Path(state_dir))
+    values, problems = state.supervised(environ, create=False)
+    # Named, not fatal: preflight records it as the start's failure (failed.json).
+    for problem in problems:
+        Log("healthcheck").warning(f"{problem}; judged with glm5.toml's value meanwhile")
+    autotune = values["autotune_stall_seconds"]
     return Run(
         state_dir=Path(values["state_dir"]),
         log_path=Path(values["log_dir"]) / state.SERVER_LOG,
@@ -65,26 +60,29 @@ def run_of(environ: Mapping[str, str]) -> Run:
         autotune_stall_seconds=None if autotune is None else float(autotune),
         accept_partial=bool(values["accept_partial_capture"]),
         verify=str(values["verify"]),
-        on_failure=str(values.get("on_failure", "wait")),
-        attn_dp_size=int(
-            values.get("attn_dp_size", 1)
-        ),  # launch.json's (glm5.toml's arithmetic is not rerun)
-        allreduce=str(chosen.get("backend", "nccl")),
-        allreduce_why=chosen.get("why"),
-        decode_max=max(sizes) if isinstance(sizes, list) and sizes else None,
-        context_tokens=values.get("context_tokens"),
+        on_failure=str(values["on_failure"]),
     )
 
 
-def configured_counts(environ: dict[str, str] | os._Environ[str]) -> tuple[int | None, int | None]:
-    """Expected counts from the configuration and this environment (when there is no launch.json)."""
-    from configuration import config
-
-    try:
-        effective = config.resolve(environ)
-    except Problems:
-        return None, None
-    return len(effective.decode_sizes), len(effective.prefill_sizes)
+def run_of_start(launch: Start, state_dir: Path) -> Run:
+    """The run's settings as the start's record holds them (the configuration is not resolved again)."""
+    autotune = launch.autotune_stall_seconds
+    return Run(
+        state_dir=state_dir,
+        log_path=Path(launch.log_dir) / state.SERVER_LOG,
+        port=launch.port,
+        timeout=float(launch.health_timeout_seconds),
+        stall_seconds=float(launch.stall_seconds),
+        autotune_stall_seconds=None if autotune is None else float(autotune),
+        accept_partial=launch.accept_partial_capture,
+        verify=launch.verify,
+        on_failure=launch.on_failure,
+        attn_dp_size=launch.attn_dp_size,
+        allreduce=str(launch.allreduce.get("backend") or "nccl"),
+        allreduce_why=launch.allreduce.get("why"),
+        decode_max=max(launch.decode_batch_sizes, default=None),
+        context_tokens=launch.context_tokens,
+    )
 
 
 def pid_alive(pid: int) -> bool:
@@ -150,7 +148,9 @@ def parse_args(argv: list[str] | None, run: Run) -> argparse.Namespace:
     parser.add_argument("--json", action="store_true", help="print the state as JSON")
     parser.add_argument("--status", action="store_true", help="print one line for people")
     parser.add_argument(
-        "--expect-decode", type=int, help="expected decode graph count (default: the configuration)"
+        "--expect-decode",
+        type=int,
+        help="expected decode graph count (default: the start record's, or the log's)",
     )
     parser.add_argument(
         "--accept-partial-capture",
@@ -186,14 +186,12 @@ def with_flags(run: Run, args: argparse.Namespace) -> Run:
     )
 
 
-def merged(
-    scan: logscan.Scan, launch: Mapping[str, Any] | None, kept: Mapping[str, Any] | None
-) -> logscan.Scan:
+def merged(scan: logscan.Scan, launch: Start | None, kept: Mapping[str, Any] | None) -> logscan.Scan:
     """The facts to judge. A tail that holds the current start's marker says everything itself. A tail without it
     comes after that start's own lines (they left the window, or the log was rotated): the start's remembered facts
     (capture.json, `kept`) with the tail's events merged in, never replaced by them: the drain line, and what ends a
     server (a traceback or an out-of-memory line there belongs to a request, as after the ready line)."""
-    if scan.start is not None or launch is None or not kept or kept.get("start") != launch.get("start"):
+    if scan.start is not None or launch is None or not kept or kept.get("start") != launch.start:
         return scan
     facts = dict(kept)
     facts["seen"] = set(facts["seen"]) | (scan.seen & {"draining"})
@@ -217,23 +215,17 @@ def worth_keeping(scan: logscan.Scan) -> dict[str, Any] | None:
     return {k: (sorted(v) if isinstance(v, set) else v) for k, v in vars(scan).items() if k != "bytes_read"}
 
 
-def expected_counts(
-    scan: logscan.Scan, launch: Mapping[str, Any] | None, configured: tuple[int | None, int | None] | None
-) -> Counts:
-    """Graph counts to expect: the current start's launch.json, else the counts its start marker announced, else the
-    lists the log printed (older formats), else the configuration (`configured`, None when the probe has none)."""
-    decode = prefill = None
-    if launch is not None and launch.get("start") == scan.start:
-        decode, prefill = launch.get("decode_expected"), launch.get("prefill_expected")
-    elif scan.marker_expected is not None:
-        decode, prefill = scan.marker_expected
-    elif scan.decode_list or scan.prefill_list:
-        decode = len(scan.decode_list) if scan.decode_list else None
-        prefill = len(scan.prefill_list) if scan.prefill_list else None
-    if configured is not None:
-        decode = decode if decode is not None else configured[0]
-        prefill = prefill if prefill is not None else configured[1]
-    return Counts(decode, prefill)
+def expected_counts(scan: logscan.Scan, launch: Start | None) -> Counts:
+    """Graph counts to expect: the current start's record, else the counts its start marker announced, else the lists
+    the log printed (older formats), else unknown (no start of this kit's yet: nothing to count)."""
+    if launch is not None and launch.start == scan.start:
+        return Counts(launch.decode_expected, launch.prefill_expected)
+    if scan.marker_expected is not None:
+        return Counts(*scan.marker_expected)
+    return Counts(
+        len(scan.decode_list) if scan.decode_list else None,
+        len(scan.prefill_list) if scan.prefill_list else None,
+    )
 
 
 def stop_of(record: Mapping[str, Any] | None, start: int | None) -> Stop | None:
@@ -291,20 +283,24 @@ def observe(run: Run, data: bytes | None = None) -> Observation:
     launch = files.launch if files else None
     if files is not None:
         scan = merged(scan, launch, files.capture)
-    current = state.current(launch, scan.start)
-    need_config = current is None and not (scan.decode_list and scan.prefill_list)
-    expected = expected_counts(scan, current, configured_counts(os.environ) if need_config else None)
+    current = state.current_start(launch, scan.start)
+    expected = expected_counts(scan, current)
+    if run.fallback is not None:
+        expected = Counts(
+            run.fallback.decode if expected.decode is None else expected.decode,
+            run.fallback.prefill if expected.prefill is None else expected.prefill,
+        )
     if run.expect_decode is not None:
         expected = expected._replace(decode=run.expect_decode)
     http = None
     if run.url is not None and phase.log_says_ready(scan):
         http = http_status(run.url, "/health", run.timeout)
-    warnings = (current or {}).get("doctor_warnings") or []
+    warnings = current.doctor_warnings if current else ()
     return Observation(
         run=run,
         scan=scan,
         expected=expected,
-        alive=pid_alive(int(current["pid"])) if current and current.get("pid") else None,
+        alive=pid_alive(current.pid) if current else None,
         http=http,
         quiet=None if run.offline or not data else log_quiet_seconds(run.log_path),
         stopped=stop_of(files.stopped, scan.start) if files else None,
@@ -349,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
         return INVALID_SETTING
     args = parse_args(argv, run)
     run = with_flags(run, args)
+    if run.offline:
+        run = run._replace(fallback=saved_log.configured_counts(os.environ))
     found = verdict(run)
     if args.json:
         print(json.dumps(found.as_json()))

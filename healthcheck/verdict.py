@@ -117,6 +117,8 @@ class Run(NamedTuple):
     context_tokens: int | None = (
         None  # [gateway].context_tokens, what the gateway sizes a request at (launch.json)
     )
+    # `--log FILE`: the counts a saved log is judged by where it names none (healthcheck/saved_log.py)
+    fallback: Counts | None = None
 
 
 class Stop(NamedTuple):

@@ -19,6 +19,7 @@ from conftest import ROOT
 from entrypoint import launch, lifecycle
 from healthcheck import logscan, probe
 from healthcheck.verdict import Verdict
+from helpers import start_record
 from helpers.judging import judged
 from monitoring import exporter
 from test_folders import FakeSupervisor
@@ -175,10 +176,10 @@ def test_a_verified_start_whose_lines_left_the_tail_is_still_verified_when_it_cr
     ends (hangs.json) even when no tick saw it ready."""
     run, rpc = values(tmp_path), FakeSupervisor()
     (tmp_path / state.STARTS).write_text("2")
-    state.write_launch(tmp_path, {"start": 2, "log_dir": str(tmp_path / "log")})
+    launch = start_record.write(tmp_path, start=2, log_dir=str(tmp_path / "log"))
     log = tmp_path / "log" / state.SERVER_LOG
     log.write_bytes(marker(2) + READY_LOG)
-    kept = probe.worth_keeping(probe.merged(logscan.scan(log.read_bytes()), {"start": 2}, None))
+    kept = probe.worth_keeping(probe.merged(logscan.scan(log.read_bytes()), launch, None))
     assert kept is not None
     state.write_capture(tmp_path, kept)  # as the tick keeps it
     state.write_verified(tmp_path, {"start": 2, "passed": True})

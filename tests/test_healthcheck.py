@@ -19,6 +19,7 @@ from configuration import state
 from conftest import ROOT, healthcheck_json, kit_env
 from healthcheck import logscan, phase
 from healthcheck import probe as healthcheck_probe
+from helpers import start_record
 from helpers.container import Container, start
 from helpers.judging import decided
 
@@ -176,9 +177,19 @@ def test_fewer_prefill_shapes_than_configured_fails_unless_accepted(tmp_path: Pa
 
 
 def test_expected_counts_follow_the_configuration(tmp_path: Path) -> None:
+    """`--log FILE` judges a saved log outside any start: where it names no counts, the configuration's."""
     log = write_partial(tmp_path, (LOGS / "sglang-0.5.23-rendered-from-source.log").read_text())
     code, state = probe("--log", str(log), "--no-http", GLM5_CUDA_GRAPH_MAX_BS_DECODE="1024")
     assert code == 1 and state["decode_expected"] == 68 and state["phase"] == "failed"
+
+
+def test_a_running_start_is_judged_by_its_record_not_the_configuration(tmp_path: Path) -> None:
+    """Online, the probe reads the start's record and never resolves the configuration again: a GLM5_* setting
+    changed after the start (here the decode cap) changes nothing of what the start is judged by."""
+    env = run_dir(tmp_path, "sglang-0.5.23-rendered-from-source.log", start=3, pid=os.getpid())
+    code, found = probe("--no-http", **env, GLM5_CUDA_GRAPH_MAX_BS_DECODE="1024")
+    assert code == 0 and found["decode_expected"] == 52 and found["phase"] == "ready", found
+    assert healthcheck_probe.run_of(env).port == start_record.record().port
 
 
 class Health(BaseHTTPRequestHandler):
@@ -213,14 +224,10 @@ def run_dir(
         text = (
             f"===== glm5-serve: server start #{start} at 2026-11-30T00:00:00+00:00 pid {pid} =====\n" + text
         )
-        state = {
-            "start": start,
-            "pid": pid,
-            "decode_expected": 52,
-            "prefill_expected": 58,
-            "log_dir": str(tmp_path / "log"),
-        }
-        (tmp_path / "run" / "launch.json").write_text(json.dumps(state))
+        start_record.write(
+            tmp_path / "run", start=start, pid=pid, decode_expected=52, prefill_expected=58,
+            log_dir=str(tmp_path / "log"),
+        )  # fmt: skip
         if verified:  # verify/gate's record of this start (tests/test_verify_gate.py boots the gate itself)
             record = {"start": start, "passed": True, "right": 57, "items": 57, "reasons": [], "results": []}
             (tmp_path / "run" / "verified.json").write_text(json.dumps(record))
@@ -356,14 +363,15 @@ def scan_of(name: str) -> logscan.Scan:
 def test_launch_json_counts_only_for_its_own_start() -> None:
     scan = scan_of("glm5-serve-restart-after-failure.log")
     assert scan.start is not None
-    own = {"start": scan.start, "decode_expected": 40, "prefill_expected": 30}
-    other = own | {"start": scan.start - 1}
-    assert healthcheck_probe.expected_counts(scan, own, None) == (40, 30)
-    assert healthcheck_probe.expected_counts(scan, other, (52, 58)) == (
-        52,
-        58,
-    )  # an earlier start's record is ignored
-    assert state.current(other, scan.start) is None  # so the probe neither trusts its pid nor its counts
+    own = start_record.record(start=scan.start, decode_expected=40, prefill_expected=30)
+    other = start_record.record(start=scan.start - 1, decode_expected=40, prefill_expected=30)
+    assert healthcheck_probe.expected_counts(scan, own) == (40, 30)
+    # an earlier start's record is ignored: the counts its marker line announced
+    assert scan.marker_expected is not None
+    assert healthcheck_probe.expected_counts(scan, other) == scan.marker_expected != (40, 30)
+    assert (
+        state.current_start(other, scan.start) is None
+    )  # so the probe neither trusts its pid nor its counts
 
 
 def test_ready_needs_the_log_and_then_health() -> None:
@@ -395,10 +403,10 @@ def test_capture_facts_are_kept_only_for_a_finished_capture_of_a_known_start() -
         )
     assert kept is not None and kept["start"] is not None
     empty = logscan.Scan()
-    back = healthcheck_probe.merged(empty, {"start": kept["start"]}, kept)
+    back = healthcheck_probe.merged(empty, start_record.record(start=kept["start"]), kept)
     assert back.start == kept["start"] and phase.decode_done(back)
     assert (
-        healthcheck_probe.merged(empty, {"start": kept["start"] + 1}, kept) is empty
+        healthcheck_probe.merged(empty, start_record.record(start=kept["start"] + 1), kept) is empty
     )  # another start's facts
 
 

@@ -20,13 +20,14 @@ from configuration.state import MARKER_TEXT
 from conftest import ROOT, healthcheck_json
 from healthcheck import logscan, phase, probe
 from healthcheck.verdict import Phase, Stop, Verdict
+from helpers import start_record
 from helpers.container import Container, start
 from helpers.judging import decided, judged, observation
 from monitoring import exporter
 
 LOGS = ROOT / "tests" / "fixtures" / "logs"
 START = 4
-LAUNCH = {"start": START, "decode_expected": 52, "prefill_expected": 58}
+LAUNCH = start_record.record(start=START, decode_expected=52, prefill_expected=58)
 MARKER = (
     b"===== glm5-serve: server start #4 at 2026-12-03T09:00:00+00:00 pid 7: decode graphs expected 52, "
     b"prefill 58 =====\n"

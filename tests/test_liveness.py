@@ -19,6 +19,7 @@ import pytest
 
 from configuration import state
 from conftest import ROOT, healthcheck_json
+from helpers import start_record
 from helpers.container import Container, start
 
 pytestmark = pytest.mark.boots  # boots processes or runs real tools: not in ci/test --fast
@@ -141,7 +142,7 @@ def test_a_start_without_a_tick_yet_is_live_until_the_bound() -> None:
     """Before the listener's first tick the start's own time stands in, so a fresh start is not failed."""
     now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
     with tempfile.TemporaryDirectory() as folder:
-        state.write_launch(folder, {"start": 1, "started_at": now.isoformat(timespec="seconds")})
+        start_record.write(folder, start=1, started_at=now.isoformat(timespec="seconds"))
         assert state.unwatched(folder, now + datetime.timedelta(seconds=30)) is None
         assert "has not ticked for 61 s" in str(state.unwatched(folder, now + datetime.timedelta(seconds=61)))
         state.write_watched(folder, now + datetime.timedelta(seconds=55))

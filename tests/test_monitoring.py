@@ -29,7 +29,7 @@ from configuration import settings, state
 from conftest import ROOT, kit_env
 from gateway import rotation
 from healthcheck.verdict import Verification
-from helpers import k8s
+from helpers import k8s, start_record
 from helpers.container import Container, free_port, start
 from helpers.gateway import KEY, Gateway, chat
 from helpers.prometheus import Prometheus
@@ -201,7 +201,7 @@ def start_files(tmp: Path, fixture: str, launch: dict[str, Any] | None = None) -
     (tmp / "run").mkdir(exist_ok=True)
     shutil.copy(LOGS / fixture, tmp / "log" / state.SERVER_LOG)
     if launch is not None:
-        state.write_launch(tmp / "run", launch)
+        start_record.write(tmp / "run", **launch | {"log_dir": str(tmp / "log")})
     return {"GLM5_LOG_DIR": str(tmp / "log"), "GLM5_STATE_DIR": str(tmp / "run")}
 
 
@@ -270,13 +270,15 @@ def test_exporter_names_the_doctors_warnings_of_the_current_start(tmp_path: Path
         {"name": "acs", "detail": "ACS on at 2 bridges"},
     ]
     run = start_files(
-        tmp_path, "glm5-serve-restart-after-failure.log", {"start": 2, "doctor_warnings": warnings}
+        tmp_path, "glm5-serve-restart-after-failure.log", {"start": 2, "doctor_warnings": tuple(warnings)}
     )
     m = scrape_once(run)
     assert m["glm5_doctor_warnings"] == {(): 2}
     assert m["glm5_doctor_warning"] == {(("check", "acs"),): 1, (("check", "pcie_link"),): 1}
     other = start_files(
-        tmp_path / "other", "glm5-serve-restart-after-failure.log", {"start": 1, "doctor_warnings": warnings}
+        tmp_path / "other",
+        "glm5-serve-restart-after-failure.log",
+        {"start": 1, "doctor_warnings": tuple(warnings)},
     )
     assert scrape_once(other)["glm5_doctor_warnings"] == {
         (): 0

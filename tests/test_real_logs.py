@@ -22,7 +22,7 @@ def judge(data: bytes) -> dict[str, Any]:
     """The phase from the log alone, as `healthcheck --log FILE --no-http` on a foreign log: no launch.json,
     no configured counts, the process unknown."""
     scan = logscan.scan(data)
-    expected = probe.expected_counts(scan, None, None)
+    expected = probe.expected_counts(scan, None)
     return judged(scan, tuple(expected), verify="off", offline=True).as_json()
 
 

@@ -16,6 +16,7 @@ from common import report
 from configuration import config, settings, state
 from conftest import ROOT
 from healthcheck import logscan
+from helpers import start_record
 
 KIT_PACKAGES = ("common", "entrypoint", "healthcheck", "patches", "ci", "image", "kernels")
 
@@ -214,10 +215,10 @@ def test_state_files_are_named_once(tmp_path: Path) -> None:
     assert state.next_start(tmp_path) == 1 and state.next_start(tmp_path) == 2
     with pytest.raises(ValueError, match="not a state file"):
         state.path(tmp_path, "launch.jsn")
-    state.write_launch(tmp_path, {"start": 2, "pid": 1})
-    assert state.current(state.read_launch(tmp_path), 2) == {"start": 2, "pid": 1}
+    written = start_record.write(tmp_path, start=2, pid=1)
+    assert state.current_start(state.read_launch(tmp_path), 2) == written
     # an earlier start's record is not the current one
-    assert state.current(state.read_launch(tmp_path), 3) is None
+    assert state.current_start(state.read_launch(tmp_path), 3) is None
     state.write_failed(tmp_path, 2, "exited", 70, "why")
     failed = state.read_failed(tmp_path)
     assert failed is not None and (failed["start"], failed["kind"], failed["code"], failed["reason"]) == (

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ast
 
-from configuration import state
+from configuration import start, state
 from conftest import ROOT
 
 PRODUCT = ("common", "configuration", "entrypoint", "gateway", "healthcheck", "kernels", "monitoring", "patches",
@@ -76,6 +76,45 @@ def test_after_preflight_only_the_lifecycle_listener_records_a_failure() -> None
         if isinstance(n, ast.FunctionDef) and n.name == "record"
     )
     assert len(lifecycle) == 1 and lifecycle <= set(ast.walk(record))  # through one function
+
+
+def resolvers(trees: dict[str, ast.Module]) -> set[str]:
+    """Modules that call configuration/config.py's or layout.py's `resolve` (as config.resolve, layout.resolve, or
+    imported by name), other than those two."""
+    out = set()
+    for rel, tree in trees.items():
+        if rel in ("configuration/config.py", "configuration/layout.py"):
+            continue
+        for node in ast.walk(tree):
+            by_attr = (
+                isinstance(node, ast.Attribute)
+                and node.attr == "resolve"
+                and isinstance(node.value, ast.Name)
+                and node.value.id in ("config", "layout")
+            )
+            by_import = (
+                isinstance(node, ast.ImportFrom)
+                and node.module
+                in (
+                    "configuration.config",
+                    "configuration.layout",
+                )
+                and any(a.name == "resolve" for a in node.names)
+            )
+            if by_attr or by_import:
+                out.add(rel)
+    return out
+
+
+def test_after_launch_no_reader_resolves_the_configuration_again() -> None:
+    """The start record (launch.json) is the only source of a start's facts once launch has written it: the gate, the
+    probe, the exporter, the lifecycle listener and the bundle read it. A new caller of the resolver fails here until
+    configuration/start.py RESOLVERS names it with its reason (one that runs before any start, or outside one)."""
+    found = resolvers(modules())
+    assert found == set(start.RESOLVERS), sorted(found ^ set(start.RESOLVERS))
+    for reader in ("verify/gate.py", "healthcheck/probe.py", "entrypoint/bundle.py", "entrypoint/lifecycle.py",
+                   "monitoring/exporter.py"):  # fmt: skip
+        assert reader not in found
 
 
 def test_verify_imports_nothing_from_entrypoint() -> None:

@@ -34,8 +34,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from common.report import FAILED, INVALID_SETTING, NEVER_READY, OK, Log, Problems
-from configuration import config, state
+from common.report import FAILED, INVALID_SETTING, NEVER_READY, OK, Log
+from configuration import state
+from configuration.start import Start
 from healthcheck import probe
 from healthcheck.verdict import Phase
 from verify import items as item_set
@@ -64,9 +65,9 @@ def earlier_build(cache_dir: Path, build_id: str) -> dict[str, Any] | None:
     return max(found, key=lambda pair: pair[0])[1] if found else None
 
 
-def record_for_build(values: Mapping[str, Any], record: dict[str, Any]) -> None:
+def record_for_build(launch: Start, record: dict[str, Any]) -> None:
     """Keep the result on the cache volume for this build; a volume that cannot take it costs the comparison only."""
-    folder = Path(values["cache_root"])
+    folder = Path(launch.cache_root)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         state.write_whole(folder / state.BUILD_VERIFICATION, json.dumps(record) + "\n")
@@ -78,10 +79,8 @@ def record_for_build(values: Mapping[str, Any], record: dict[str, Any]) -> None:
 
 def still_current(state_dir: str | Path, start: int) -> bool:
     """Start `start` is the latest and its server process (launch --serve) lives."""
-    launch = state.read_launch(state_dir) or {}
-    return (
-        launch.get("start") == start and isinstance(launch.get("pid"), int) and probe.pid_alive(launch["pid"])
-    )
+    launch = state.current_start(state.read_launch(state_dir), start)
+    return launch is not None and probe.pid_alive(launch.pid)
 
 
 def require_current(state_dir: str | Path, start: int) -> None:
@@ -105,22 +104,22 @@ def while_current(ask: run.Ask, state_dir: str | Path, start: int) -> run.Ask:
     return current_ask
 
 
-def verify(values: Mapping[str, Any], start: int, ask: run.Ask) -> dict[str, Any]:
-    """Answer the set (twice when the first run fails), judge it, compare it with the newest passed record of
-    another build; the whole record, written to verified.json and the cache volume. Raises run.Abandoned, writing
-    nothing, when the start ends meanwhile."""
+def verify(launch: Start, state_dir: Path, ask: run.Ask) -> dict[str, Any]:
+    """Answer the set (twice when the first run fails) for the start `launch` records, judge it, compare it with the
+    newest passed record of another build; the whole record, written to verified.json and the cache volume. Raises
+    run.Abandoned, writing nothing, when the start ends meanwhile."""
+    start = launch.start
     LOG.info(f"start #{start}: answering the verification set before the start counts as ready")
     # Under DP attention each batch is sent once per attention group, so every group runs it (verify/items.py).
-    groups = int((state.read_launch(values["state_dir"]) or {}).get("attn_dp_size", 1))
     found = run.settled(
-        while_current(ask, values["state_dir"], start),
-        values["served_model_name"],
-        item_set.generate(groups=groups),
+        while_current(ask, state_dir, start),
+        launch.served_model_name,
+        item_set.generate(groups=launch.attn_dp_size),
     )
-    earlier = earlier_build(Path(values["cache_dir"]), values["build_id"])
+    earlier = earlier_build(Path(launch.cache_dir), launch.build_id)
     record = found | {
         "start": start,
-        "build_id": values["build_id"],
+        "build_id": launch.build_id,
         "at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "compared_with": earlier["build_id"] if earlier else None,
         "regressed": regressions(found["results"], earlier["results"]) if earlier else [],
@@ -132,11 +131,11 @@ def verify(values: Mapping[str, Any], start: int, ask: run.Ask) -> dict[str, Any
             f"start #{start}: the first run was {first['verdict']} ({'; '.join(first['reasons'])}): ran again"
         )
     # It may have ended after the last ask (a stop, a drain): then nothing is written.
-    require_current(values["state_dir"], start)
-    if not found["passed"] and values["verify"] == "report":
+    require_current(state_dir, start)
+    if not found["passed"] and launch.verify == "report":
         LOG.warning(f"start #{start}: verification {found['verdict']}; serving anyway (GLM5_VERIFY=report)")
-    state.write_verified(values["state_dir"], record)
-    record_for_build(values, record)
+    state.write_verified(state_dir, record)
+    record_for_build(launch, record)
     if record["regressed"]:
         LOG.warning(f"right on build {record['compared_with']}, wrong now: {', '.join(record['regressed'])}")
     if found["passed"]:
@@ -148,64 +147,66 @@ def verify(values: Mapping[str, Any], start: int, ask: run.Ask) -> dict[str, Any
     return record
 
 
-def awaiting(environ: Mapping[str, str], port: int) -> int | None:
+def awaiting(environ: Mapping[str, str]) -> int | None:
     """The start to verify now: one the healthcheck holds at verifying (up after its warm-up, its own verification
     not yet there) whose /health answers 200, else None."""
     settings = probe.run_of(environ)
     found = probe.verdict(settings)
     if found.phase is not Phase.VERIFYING:
         return None
-    return (
-        found.start
-        if probe.http_status(f"http://127.0.0.1:{port}", "/health", settings.timeout) == 200
-        else None
-    )
+    url = f"http://127.0.0.1:{settings.port}"
+    return found.start if probe.http_status(url, "/health", settings.timeout) == 200 else None
 
 
-def asker_for(values: Mapping[str, Any]) -> run.Ask:
-    return run.http_asker(f"http://127.0.0.1:{values['port']}", values["api_key"], REQUEST_TIMEOUT)
+def asker_for(launch: Start, api_key: str | None) -> run.Ask:
+    return run.http_asker(f"http://127.0.0.1:{launch.port}", api_key, REQUEST_TIMEOUT)
+
+
+def verify_start(state_dir: Path, start: int, api_key: str | None) -> dict[str, Any] | None:
+    """Verify start `start` by its own record (its port, served name, groups, build); None when it is no longer the
+    latest start (its record was replaced)."""
+    launch = state.current_start(state.read_launch(state_dir), start)
+    if launch is None:
+        return None
+    return verify(launch, state_dir, asker_for(launch, api_key))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="verify/gate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--once", action="store_true", help="verify the current start once and exit")
     args = parser.parse_args(argv)
-    try:
-        values = config.resolve(os.environ).values
-    except (
-        Problems
-    ) as err:  # preflight records the same problems as the start's failure: no server will start
-        LOG.problems(err.problems, "invalid setting(s): no start to verify")
+    # Where the records are and the client key: the settings (every fact of a start is its record's, launch.json).
+    values, problems = state.supervised(os.environ, create=False)
+    if problems:  # preflight records the same problems as the start's failure: no server will start
+        LOG.problems(problems, "invalid setting(s): no start to verify")
         return OK if not args.once else INVALID_SETTING  # under supervisord: done, not a process to restart
     if values["verify"] == "off" and not args.once:
         LOG.warning("GLM5_VERIFY=off: starts count as ready without the verification set")
         return OK
-    ask = asker_for(values)
+    state_dir, api_key = Path(values["state_dir"]), values["api_key"]
     if args.once:
-        start = awaiting(os.environ, values["port"]) or (state.read_launch(values["state_dir"]) or {}).get(
-            "start"
-        )
+        latest = state.read_launch(state_dir)
+        start = awaiting(os.environ) or (latest.start if latest else None)
         if start is None:
             LOG.error("no start of the server to verify (healthcheck --status says why)")
             return NEVER_READY
         try:
-            record = verify(values, int(start), ask)
+            record = verify_start(state_dir, start, api_key)
         except run.Abandoned as err:
             LOG.error(f"{err}: nothing recorded")
+            return NEVER_READY
+        if record is None:
+            LOG.error(f"start #{start} is no longer the latest: nothing recorded")
             return NEVER_READY
         print(json.dumps({k: v for k, v in record.items() if k != "results"}, indent=2))
         return OK if record["passed"] else FAILED
     # Each start once; the log is probed only while the current start has no verified.json of its own.
     while True:
-        current = (state.read_launch(values["state_dir"]) or {}).get("start")
-        done = (state.read_verified(values["state_dir"]) or {}).get("start")
-        if (
-            current is not None
-            and current != done
-            and (start := awaiting(os.environ, values["port"])) is not None
-        ):
+        latest = state.read_launch(state_dir)
+        done = (state.read_verified(state_dir) or {}).get("start")
+        if latest is not None and latest.start != done and (start := awaiting(os.environ)) is not None:
             try:
-                verify(values, start, ask)
+                verify_start(state_dir, start, api_key)
             except run.Abandoned as err:
                 LOG.warning(f"{err}: nothing recorded; the next start is verified on its own once it is up")
         time.sleep(POLL_SECONDS)
