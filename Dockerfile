@@ -26,6 +26,9 @@ ARG SMG_VERSION=1.13.0
 # ci/render: CUDA_MAJOR_MINOR={cuda_major_minor}
 ARG CUDA_MAJOR_MINOR=13.0
 ARG GLM5_UID=1000
+# Set by ci/build-image (the commit's time): the RUN steps' pip and compileall then write hash-based .pyc files, not
+# the install time (Python's py_compile docs). Unset in a user build: the .pyc files carry their sources' mtimes.
+ARG SOURCE_DATE_EPOCH
 
 SHELL ["/bin/bash", "-euo", "pipefail", "-c"]
 

@@ -130,6 +130,12 @@ def normalized(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+def purl_name(name: str) -> str:
+    """A distribution's name as its pypi purl has it: lowercased, `_` as `-`, a `.` kept (purl-spec's pypi type,
+    github.com/package-url/purl-spec: `pkg:pypi/ruamel.yaml`, as packageurl-python and cyclonedx-py write it)."""
+    return quote(name.lower().replace("_", "-"), safe=".-")
+
+
 def python_packages(files: Mapping[str, bytes]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """One component per distribution folder, sorted by name, version and path, each with the SBOMs its wheel ships
     nested; and those SBOMs' dependencies, their references made unique."""
@@ -140,7 +146,7 @@ def python_packages(files: Mapping[str, bytes]) -> tuple[list[dict[str, Any]], l
             meta = email.parser.BytesHeaderParser().parsebytes(data)
             name, version = normalized(str(meta["Name"])), str(meta["Version"])
             folder = "/" + str(PurePosixPath(path).parent)
-            purl = f"pkg:pypi/{name}@{quote(version, safe='.+!-_')}"
+            purl = f"pkg:pypi/{purl_name(str(meta['Name']))}@{quote(version, safe='.+!-_')}"
             package = component(name, version, purl) | {
                 "bom-ref": f"{purl}#{folder}",
                 "properties": [{"name": "glm5-serve:path", "value": folder}],

@@ -1,11 +1,15 @@
 """ci/sbom.py's document on tiny images (no registry): what a scanner matches on (Debian source packages in the purls),
 every Python distribution with its path, the SBOMs wheels ship merged in (the real ones .venv's wheels carry, smg's
-797 Rust crates among them), and the whole validated against CycloneDX's JSON schema by cyclonedx-python-lib."""
+797 Rust crates among them), the whole validated against CycloneDX's JSON schema by cyclonedx-python-lib, and the
+Python part against cyclonedx-bom's `cyclonedx-py environment` on this test venv."""
 
 from __future__ import annotations
 
 import importlib.metadata
 import json
+import subprocess
+import sys
+import sysconfig
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -13,6 +17,7 @@ from typing import Any
 import pytest
 from cyclonedx.schema import SchemaVersion
 from cyclonedx.validation.json import JsonStrictValidator
+from packageurl import PackageURL
 
 from ci import sbom
 from conftest import ROOT
@@ -137,3 +142,46 @@ def test_the_schema_check_can_fail(tmp_path: Path) -> None:
     bom["components"][0]["type"] = "not-a-type"
     with pytest.raises(AssertionError, match="not-a-type"):
         validate(bom)
+
+
+def test_the_python_part_lists_every_distribution_cyclonedx_py_finds(tmp_path: Path) -> None:
+    """cyclonedx-bom's `cyclonedx-py environment` (ci/requirements-test.txt pins it) on this test venv, and ci/sbom.py
+    on the same site-packages laid out as an image: each distribution cyclonedx-py lists, ours lists at that version
+    with an equal purl (it writes `+` as %2B, ours as is). Ours lists more (those vendored one folder deeper, as
+    setuptools/_vendor's); what else differs: docs/release.md, "The SBOM next to cyclonedx-py"."""
+    done = subprocess.run(
+        [
+            Path(sys.executable).parent / "cyclonedx-py",
+            "environment",
+            "--no-validate",
+            "-o",
+            "-",
+            sys.executable,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    theirs = {
+        (sbom.normalized(c["name"]), c["version"]): c["purl"] for c in json.loads(done.stdout)["components"]
+    }
+    site = Path(sysconfig.get_paths()["purelib"])
+    files = {
+        str(found.relative_to("/")): found.read_text(errors="replace")
+        for found in site.rglob("*")
+        if sbom.wanted(str(found.relative_to("/"))) and found.is_file()
+    }
+    bom = bom_of(tmp_path, files)
+    ours = {
+        (c["name"], c["version"]): c["purl"] for c in bom["components"] if c["purl"].startswith("pkg:pypi/")
+    }
+    assert len(theirs) >= 100, "this venv holds the suite's packages"
+    missing = sorted(set(theirs) - set(ours))
+    assert not missing, f"ci/sbom.py drops what cyclonedx-py lists: {missing}"
+    differ = [
+        (theirs[k], ours[k])
+        for k in sorted(theirs)
+        if PackageURL.from_string(theirs[k]) != PackageURL.from_string(ours[k])
+    ]
+    assert not differ, f"cyclonedx-py's purl, ours: {differ}"

@@ -339,6 +339,100 @@ def test_release_verifies_before_it_publishes_the_notes() -> None:
     assert sign in needs_of(jobs, notes) and build in needs_of(jobs, sign)
 
 
+# ---- the release's base and timestamps (issue 54: a version is immutable) --------------------------------------
+
+SNAPSHOT = re.compile(r"https://snapshot\.debian\.org/archive/debian/(\d{8}T\d{6}Z)/")
+
+
+def test_the_release_base_comes_from_one_dated_debian_snapshot() -> None:
+    """The build job's GLM5_DEBIAN_MIRROR is a dated snapshot.debian.org URL, its date written once in the workflow,
+    and sudo hands it to ci/build-image (sudo drops what --preserve-env does not name)."""
+    jobs = release()["jobs"]
+    (build,) = [job for job in jobs.values() if any("ci/build-image" in run for run in run_steps(job))]
+    found = SNAPSHOT.fullmatch(build["env"]["GLM5_DEBIAN_MIRROR"])
+    assert found, build["env"]["GLM5_DEBIAN_MIRROR"]
+    assert (ROOT / ".github" / "workflows" / "release.yml").read_text().count(found.group(1)) == 1
+    (run,) = [run for run in run_steps(build) if "ci/build-image" in run]
+    preserved = re.search(r"sudo --preserve-env=(\S+) ci/build-image", run)
+    assert preserved and "GLM5_DEBIAN_MIRROR" in preserved.group(1).split(","), run
+
+
+def fake_build_tools(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """A buildah that knows no image (so the base is made) and records its calls, and a debootstrap that records
+    its own and makes an empty root: ci/build-image's environment for its make_base and build, with the record."""
+    fake, calls = tmp_path / "bin", tmp_path / "calls"
+    fake.mkdir()
+    (fake / "buildah").write_text(
+        f'#!/bin/sh\necho "buildah $*" >> {calls}\n'
+        'case " $* " in *" inspect "*|*" images "*) exit 1 ;; *" from "*) echo ctr1 ;; esac\n'
+    )
+    (fake / "debootstrap").write_text(f'#!/bin/sh\necho "debootstrap $*" >> {calls}\nmkdir -p "$4"\n')
+    for tool in ("buildah", "debootstrap"):
+        (fake / tool).chmod(0o755)
+    env = os.environ | {
+        "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}",
+        "GLM5_BUILD_WORK": str(tmp_path / "work"),
+    }
+    return env, calls
+
+
+def sourced(script: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """SCRIPT after ci/build-image's functions, in the checkout, with ci/cuda-toolkit made a no-op (no download)."""
+    return subprocess.run(
+        ["bash", "-c", f'source "{BUILD_IMAGE}"; ci/cuda-toolkit() {{ mkdir -p "$1"; }}; {script}'],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        check=False,
+        timeout=60,
+    )
+
+
+def test_build_image_bootstraps_from_the_mirror_setting_and_names_the_base_by_it(tmp_path: Path) -> None:
+    env, calls = fake_build_tools(tmp_path)
+    snapshot = "https://snapshot.debian.org/archive/debian/20261201T000000Z/"
+    done = sourced("base=$(base_name); epoch=1764547200; make_base", env | {"GLM5_DEBIAN_MIRROR": snapshot})
+    assert done.returncode == 0, done.stderr
+    (debootstrap,) = [c for c in calls.read_text().splitlines() if c.startswith("debootstrap ")]
+    assert debootstrap.split()[-3:] == ["bookworm", str(tmp_path / "work" / "rootfs"), snapshot]
+    assert (
+        "buildah --storage-driver vfs --root /var/lib/containers/storage commit --quiet --timestamp 1764547200 ctr1 "
+        in (calls.read_text())
+    )
+    names = {
+        mirror: sourced("base_name", env | {"GLM5_DEBIAN_MIRROR": mirror}).stdout
+        for mirror in (snapshot, "https://snapshot.debian.org/archive/debian/20261202T000000Z/")
+    }
+    default = sourced("base_name", {k: v for k, v in env.items() if k != "GLM5_DEBIAN_MIRROR"}).stdout
+    assert len({*names.values(), default}) == 3, "another mirror makes another base"
+    assert all(re.fullmatch(r"localhost/glm5-base:bookworm-cuda-[0-9a-f]{12}\n", n) for n in names.values())
+
+
+def test_build_image_sets_every_timestamp_to_the_commits_time(tmp_path: Path) -> None:
+    """buildah bud --timestamp (every layer file's mtime, the created dates: buildah-build(1)) and the build argument
+    SOURCE_DATE_EPOCH the Dockerfile declares, both the checked-out commit's time unless SOURCE_DATE_EPOCH is set."""
+    env, calls = fake_build_tools(tmp_path)
+    env = {k: v for k, v in env.items() if k != "SOURCE_DATE_EPOCH"}
+    commit_time = subprocess.run(
+        ["git", "log", "-1", "--format=%ct"], capture_output=True, text=True, cwd=ROOT, check=True
+    ).stdout.strip()
+    for given, expected in ((None, commit_time), ("1764547200", "1764547200")):
+        calls.unlink(missing_ok=True)
+        done = sourced(
+            "base=b; epoch=$(source_date_epoch); build",
+            env | ({"SOURCE_DATE_EPOCH": given} if given else {}),
+        )
+        assert done.returncode == 0, done.stderr
+        (bud,) = [c for c in calls.read_text().splitlines() if " bud " in c]
+        assert f" --timestamp {expected} " in bud and f" --build-arg SOURCE_DATE_EPOCH={expected} " in bud, (
+            bud
+        )
+    assert re.search(r"^ARG SOURCE_DATE_EPOCH$", (ROOT / "Dockerfile").read_text(), re.M)
+    bad = sourced("source_date_epoch", env | {"SOURCE_DATE_EPOCH": "yesterday"})
+    assert bad.returncode != 0 and "SOURCE_DATE_EPOCH is 'yesterday'" in bad.stderr
+
+
 # ---- the admission policy names the release workflow's identity (issue 54) ------------------------------------
 
 POLICY = ROOT / "k8s" / "components" / "verify-signature"
