@@ -7,6 +7,12 @@ need_python() { # need_python TOOL [venv]
   local tool=$1 found
   found=$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) || found="none"
   if ! python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+    if [[ -n ${SUDO_USER:-} ]]; then # sudo runs secure_path's python3, not the one first on the user's PATH
+      echo "$tool: error: python3 under sudo is ${found} (sudo resets PATH to its secure_path), the kit's host tools" \
+        "need 3.11 or newer; fix: keep your PATH, sudo env \"PATH=\$PATH\" $tool ..., or install Python 3.11+ as" \
+        "the system's python3" >&2
+      exit 127
+    fi
     echo "$tool: error: python3 is ${found}, the kit's host tools need 3.11 or newer; fix: install Python 3.11+" \
       "and put it first on PATH as python3 (Ubuntu 22.04: apt install python3.11-venv, then" \
       "python3.11 -m venv ~/py311 && export PATH=~/py311/bin:\$PATH)" >&2

@@ -135,7 +135,7 @@ UNREADABLE_FIX = {
     "nvidia-smi": "the container has no working GPU runtime: on the host, `nvidia-smi` must list the 8 GPUs; then "
     "compose needs the NVIDIA container toolkit (deploy.resources.reservations.devices), Kubernetes the "
     "`nvidia` RuntimeClass and the device plugin",
-    "/proc/cmdline": "run the doctor on the host instead: sudo entrypoint/doctor --host",
+    "/proc/cmdline": 'run the doctor on the host instead: sudo env "PATH=$PATH" entrypoint/doctor --host',
 }
 UNINTERPRETED_FIX = (
     "a reading of a form the doctor does not know: attach `entrypoint/doctor --bundle - > glm5-bundle.tar.gz` to an "
@@ -516,7 +516,7 @@ def check_iommu(box: Box) -> Check:
 
 
 def check_acs(box: Box) -> Check:
-    host_mode = "run `sudo entrypoint/doctor --host` on the host from the kit's checkout (needs pciutils)"
+    host_mode = 'run `sudo env "PATH=$PATH" entrypoint/doctor --host` on the host from the kit\'s checkout (needs pciutils)'
     text = box.command("lspci", "-vvv")
     if text is None:
         return Check(

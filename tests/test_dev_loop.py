@@ -68,6 +68,18 @@ def test_an_old_python_is_named_before_anything_is_installed(tmp_path: Path) -> 
     assert not (root / ".venv").exists()
 
 
+def test_an_old_python_under_sudo_names_sudos_reset_path(tmp_path: Path) -> None:
+    """`sudo entrypoint/doctor --host` (ACS needs root) runs sudo's secure_path python3, not the user's 3.11 first on
+    PATH: the fix then keeps the user's PATH through sudo."""
+    path = f"{fake_bin(tmp_path, python3=FAKE_PYTHON_310)}:{os.environ['PATH']}"
+    done = run([str(ROOT / "entrypoint" / "doctor"), "--host"], path, SUDO_USER="ops")
+    assert done.returncode == 127
+    assert "python3 under sudo is none (sudo resets PATH" in done.stderr  # the fake answers only --version
+    assert 'sudo env "PATH=$PATH" entrypoint/doctor ...' in done.stderr
+    done = run([str(ROOT / "entrypoint" / "doctor"), "--host"], path)
+    assert done.returncode == 127 and "under sudo" not in done.stderr
+
+
 def test_a_short_disk_is_named_with_the_lighter_set_up(tmp_path: Path) -> None:
     """The default set needs about 13 GB on a fresh machine; with 1 GB free nothing starts."""
     root = kit_copy(tmp_path)
