@@ -7,7 +7,7 @@
 # (DeepGEMM, Triton, SGLang's own) compile the rest at first start.
 # ci/build-image passes a locally made base instead, since no image registry is reachable there.
 # ci/render: BASE_IMAGE={base_image}
-ARG BASE_IMAGE=nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04
+ARG BASE_IMAGE=nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04@sha256:8b2705ea7a8653ad3451b46ab835eced92d77b44e671b9cf3ad4f95fbb2efe5e
 # checkov:skip=CKV_DOCKER_7: the tag is the ARG's default above (a release tag); checkov reads ${BASE_IMAGE} as no tag
 FROM ${BASE_IMAGE}
 

@@ -457,3 +457,11 @@ def test_on_the_gateways_host_clients_reach_the_gateway_alone() -> None:
     assert plain["services"]["glm5"]["ports"], "the one-box quick start keeps its published port"
     local = json.loads((ROOT / "gateway" / "workers.example.json").read_text())["workers"][0]["url"]
     assert local == f"http://glm5:{settings.load_config()['deployment']['port']}"
+
+
+def test_the_user_builds_base_is_named_by_digest() -> None:
+    """A rebuild takes the same CUDA base: the Dockerfile's default BASE_IMAGE (glm5.toml [image].base_image) names
+    its tag and a digest, so a re-pushed tag changes nothing until the digest is moved in review."""
+    found = re.search(r"^ARG BASE_IMAGE=(\S+)$", (ROOT / "Dockerfile").read_text(), re.M)
+    assert found and found.group(1) == settings.load_config()["image"]["base_image"]
+    assert re.fullmatch(r"nvidia/cuda:[\w.-]+@sha256:[0-9a-f]{64}", found.group(1)), found.group(1)
