@@ -266,7 +266,8 @@ def context(args: argparse.Namespace, target: readiness.Target | None) -> dict[s
         return {"versions": readiness.first_json(versions), "configuration": readiness.first_json(launch)}
     out = url_context(args.conn)
     if isinstance(target, readiness.Local):
-        out["configuration"] = state.read_launch(settings.resolve(target.env)["state_dir"])
+        launch = state.read_launch(settings.resolve(target.env)["state_dir"])
+        out["configuration"] = launch.as_json() if launch else None
     return out
 
 

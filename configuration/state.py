@@ -374,7 +374,7 @@ def read_doctor(state_dir: str | Path) -> list[dict[str, str]]:
         found = json.loads(path(state_dir, DOCTOR).read_text())
     except (OSError, ValueError):
         return []
-    return found if isinstance(found, list) else []
+    return [w for w in found if isinstance(w, dict)] if isinstance(found, list) else []
 
 
 def write_server_config(state_dir: str | Path, options: dict[str, str]) -> Path:

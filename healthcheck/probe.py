@@ -216,9 +216,11 @@ def worth_keeping(scan: logscan.Scan) -> dict[str, Any] | None:
 
 
 def expected_counts(scan: logscan.Scan, launch: Start | None) -> Counts:
-    """Graph counts to expect: the current start's record, else the counts its start marker announced, else the lists
-    the log printed (older formats), else unknown (no start of this kit's yet: nothing to count)."""
-    if launch is not None and launch.start == scan.start:
+    """Graph counts to expect: the start's record (`launch`, the latest start's: the current one where the tail names
+    its start, and also where the tail has no marker left, rotated or pushed out by hours of output: it is the latest
+    start's tail), else the counts the tail's start marker announced, else the lists the log printed (older formats),
+    else unknown (no start of this kit's)."""
+    if launch is not None and scan.start in (launch.start, None):
         return Counts(launch.decode_expected, launch.prefill_expected)
     if scan.marker_expected is not None:
         return Counts(*scan.marker_expected)
@@ -284,7 +286,7 @@ def observe(run: Run, data: bytes | None = None) -> Observation:
     if files is not None:
         scan = merged(scan, launch, files.capture)
     current = state.current_start(launch, scan.start)
-    expected = expected_counts(scan, current)
+    expected = expected_counts(scan, launch)
     if run.fallback is not None:
         expected = Counts(
             run.fallback.decode if expected.decode is None else expected.decode,

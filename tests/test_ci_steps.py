@@ -23,8 +23,8 @@ ON_ERROR = "ci/on-error.sh"
 # What ci/build-image runs before the build, from the host (everything else is a stand-in below).
 REAL_TOOLS = (
     "bash", "cat", "cut", "df", "dirname", "du", "grep", "mkdir", "mktemp", "realpath", "rm", "sed",
-    "sha256sum", "tail", "tee", "tr",
-)  # fmt: skip
+    "sha256sum", "tail", "tee", "tr", "git",
+)  # fmt: skip  # git: the build's timestamps are the commit's (a clone has it)
 
 
 def steps() -> list[Path]:

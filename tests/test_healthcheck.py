@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import subprocess
 import threading
 import time
@@ -181,6 +182,19 @@ def test_expected_counts_follow_the_configuration(tmp_path: Path) -> None:
     log = write_partial(tmp_path, (LOGS / "sglang-0.5.23-rendered-from-source.log").read_text())
     code, state = probe("--log", str(log), "--no-http", GLM5_CUDA_GRAPH_MAX_BS_DECODE="1024")
     assert code == 1 and state["decode_expected"] == 68 and state["phase"] == "failed"
+
+
+def test_a_tail_past_its_marker_is_judged_by_the_latest_record(tmp_path: Path) -> None:
+    """Hours of output (or a rotation) push the start's marker out of the tail before capture.json was kept: the tail
+    is the latest start's, judged by its record's counts (a short capture still fails), not by none."""
+    (tmp_path / "log").mkdir()
+    (tmp_path / "run").mkdir()
+    start_record.write(tmp_path / "run", start=2, pid=os.getpid(), decode_expected=68, prefill_expected=58,
+                       log_dir=str(tmp_path / "log"))  # fmt: skip
+    shutil.copy(LOGS / "sglang-0.5.23-rendered-from-source.log", tmp_path / "log" / "server.log")  # no marker
+    env = {"GLM5_LOG_DIR": str(tmp_path / "log"), "GLM5_STATE_DIR": str(tmp_path / "run")}
+    code, found = probe("--no-http", **env)
+    assert code == 1 and found["decode_expected"] == 68 and found["failure_kind"] == "decode_short", found
 
 
 def test_a_running_start_is_judged_by_its_record_not_the_configuration(tmp_path: Path) -> None:
