@@ -573,14 +573,23 @@ def check_power(box: Box) -> Check:
 
 
 def check_shm(box: Box, values: Mapping[str, Any]) -> Check:
-    if box.host:
-        return Check("shm", "pass", "not applicable on the host (the container's /dev/shm is checked inside)")
+    """/dev/shm holds what TP8's NCCL needs. On the host: the host's own, which compose gives the container (ipc: host;
+    a pod has its own, a Memory emptyDir)."""
     problems = shm_problems(values, box.root / "dev/shm")
+    if problems and box.host:
+        return Check(
+            "shm",
+            "fail",
+            f"{problems[0].message.split(':')[0]} (compose runs the container with ipc: host, so this is its /dev/shm)",
+            f"sudo mount -o remount,size={2 * values['min_shm_gib']}G /dev/shm (a tmpfs: half the RAM by default; "
+            "add the size to its /etc/fstab line to keep it); a Kubernetes node needs none (the pod has its own)",
+        )
     if problems:
         return Check(
             "shm", "fail", problems[0].message, "compose: ipc: host; k8s: a Memory emptyDir at /dev/shm"
         )
-    return Check("shm", "pass", f"/dev/shm holds {values['min_shm_gib']} GiB or more")
+    where = "the host's /dev/shm (the container's, under compose's ipc: host)" if box.host else "/dev/shm"
+    return Check("shm", "pass", f"{where} holds {values['min_shm_gib']} GiB or more")
 
 
 def check_kernels(box: Box, values: Mapping[str, Any]) -> Check:

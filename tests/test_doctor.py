@@ -584,3 +584,26 @@ def test_the_ipc_check_compiles_and_tunes_where_the_server_reads(
     # the operator's own FLASHINFER_WORKSPACE_BASE wins, as it does for the server (SGLang only sets a default)
     mine = doctor.server_environment(environ | {"FLASHINFER_WORKSPACE_BASE": "/elsewhere"})
     assert mine["FLASHINFER_WORKSPACE_BASE"] == "/elsewhere"
+
+
+def test_the_host_check_reads_the_hosts_shared_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """compose runs the container with ipc: host, so the host's /dev/shm is the one TP8's NCCL gets: the host check
+    reads it (a 4 GiB tmpfs fails, naming the remount) instead of passing it as not applicable."""
+    (tmp_path / "dev" / "shm").mkdir(parents=True)
+    values = {"min_shm_gib": 16}
+    real = os.statvfs
+
+    def small(path: Any) -> Any:
+        found = real(path)
+        if str(path) == str(tmp_path / "dev" / "shm"):
+            return os.statvfs_result((4096, 4096, 2**20, *found[3:]))  # 4 GiB
+        return found
+
+    monkeypatch.setattr(os, "statvfs", small)
+    found = doctor.check_shm(doctor.Box({}, root=tmp_path, host=True), values)
+    assert found.status == "fail" and "is 4.00 GiB, TP8 needs 16 GiB" in found.detail
+    assert "ipc: host" in found.detail and "sudo mount -o remount,size=32G /dev/shm" in found.fix
+    monkeypatch.setattr(os, "statvfs", real)
+    assert doctor.check_shm(doctor.Box({}, root=tmp_path, host=True), values).status == "pass"

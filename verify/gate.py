@@ -12,7 +12,7 @@ wrong (`regressed`), the first sign of a kernel regression after an upgrade. GLM
 It only verifies: it writes its two verification records and nothing else. The judgement of a failed verification is
 the healthcheck's (healthcheck/phase.py gated: under GLM5_VERIFY=enforce a start judged wrong or inconclusive in two
 whole runs is failed, `wrong_answers` or `verify_inconclusive`), and the lifecycle listener records it and gives up
-(entrypoint/lifecycle.py, the one recorder; exit codes 71 and 72, common/report.py FAILURES). It stays out of service:
+(entrypoint/lifecycle.py, the one recorder; exit codes 71, 72 and 77, common/report.py FAILURES). It stays out of service:
 a replica answering the set wrongly twice, with judges that accept every wording of a right answer, is a build fault
 that would answer clients wrongly too, and this holds when every replica judges itself wrong (a bad build is wrong on
 all of them): an outage that pages (GLM5StartFailed, GLM5VerificationFailed) rather than wrong answers served
