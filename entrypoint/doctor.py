@@ -776,13 +776,18 @@ def check_compose(box: Box) -> Check:
     text = box.command("docker", "compose", "version", "--short", timeout=20)
     if text is None:
         missing = "docker" in box.notes
+        said = (box.notes.get("docker compose version --short") or "no output").splitlines()[0]
+        # Docker 28 without the plugin reads `compose` as no command and its flag as its own: "unknown flag: --short"
+        # (exit 125); `docker compose version` then says "docker: unknown command: docker compose".
+        no_plugin = said.startswith("unknown flag") or "unknown command" in said
         return Check(
             "compose",
             "fail",
             "docker is not installed here"
             if missing
-            else "`docker compose version` failed: "
-            + (box.notes.get("docker compose version --short") or "no output").splitlines()[0],
+            else f"Docker has no Compose plugin (`docker compose version --short` answered: {said})"
+            if no_plugin
+            else f"`docker compose version` failed: {said}",
             f"install Docker Engine 25 or newer with its Compose plugin {want}+ (https://docs.docker.com/engine/install/)"
             if missing
             else f"install the Compose plugin {want}+ (docker-compose-plugin: https://docs.docker.com/compose/install/linux/)",

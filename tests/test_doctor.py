@@ -496,6 +496,16 @@ def test_the_host_check_refuses_a_cpu_machine_in_seconds_naming_each_missing_par
 
 
 def test_the_host_check_reads_the_compose_version_and_the_toolkit(tmp_path: Path) -> None:
+    # Docker 28.2.2 without the Compose plugin, as it answers (stderr, exit 125)
+    bare = (
+        "docker",
+        'echo "unknown flag: --short\n\nUsage:  docker [OPTIONS] COMMAND [ARG...]" >&2; exit 125',
+    )
+    code, checks, _ = host_doctor(tmp_path, bare)
+    assert checks["compose"]["detail"] == (
+        "Docker has no Compose plugin (`docker compose version --short` answered: unknown flag: --short)"
+    )
+    assert "install the Compose plugin 2.24+" in checks["compose"]["fix"] and code == 1
     old = ("docker", '[ "$*" = "compose version --short" ] && echo v2.20.3')
     code, checks, _ = host_doctor(tmp_path, old)
     assert checks["compose"]["status"] == "fail" and code == 1
