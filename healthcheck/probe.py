@@ -34,7 +34,7 @@ from typing import Any
 from common.report import INVALID_SETTING, Log, Problems
 from configuration import state
 from configuration.start import Start
-from healthcheck import logscan, phase, saved_log
+from healthcheck import logscan, phase
 from healthcheck.verdict import Counts, Observation, Phase, Recorded, Run, Stop, Verdict, Verification
 
 
@@ -339,7 +339,10 @@ def log_quiet_seconds(log: Path) -> float | None:
         return None
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, fallback: Counts | None = None) -> int:
+    """The probe's command line. `fallback`: the counts a saved log (`--log FILE`) is judged by where it names none
+    (healthcheck/saved_log.py, which the executable runs for --log: a running start's probes never resolve the
+    configuration, nor import it)."""
     try:
         run = run_of(os.environ)
     except Problems as err:
@@ -348,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv, run)
     run = with_flags(run, args)
     if run.offline:
-        run = run._replace(fallback=saved_log.configured_counts(os.environ))
+        run = run._replace(fallback=fallback)
     found = verdict(run)
     if args.json:
         print(json.dumps(found.as_json()))
