@@ -418,6 +418,8 @@ def test_the_readme_promises_no_release_the_kit_does_not_publish() -> None:
         assert "Image: not yet published" in changelog
         said = re.search(r"no version is published yet \(no tag, no image: CHANGELOG\.md\), so build", README)
         assert said is not None, "the README does not say that no version is published yet, and what to do"
+        release = (ROOT / "docs" / "release.md").read_text()
+        assert "**No version is published yet**" in release, "docs/release.md reads as if a release existed"
         assert not re.search(r"(?i)\b(pull|install|download) (a|the) (new |latest )?release", README), (
             "a release"
         )
