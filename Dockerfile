@@ -34,10 +34,12 @@ SHELL ["/bin/bash", "-euo", "pipefail", "-c"]
 
 # noninteractive: Ubuntu 24.04's python3.12 pulls tzdata, whose debconf prompt would hang the build.
 # g++: the host compiler that the run-time JITs (FlashInfer, DeepGEMM, TileLang through nvcc; Triton's launcher) need.
+# The logs and caches apt, dpkg and ldconfig write differ between two builds of one tree (docs/release.md): removed.
 # hadolint ignore=DL3008
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3 python3-venv python3-dev g++ patch ca-certificates \
- && rm -rf /var/lib/apt/lists/*
+ && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/cache/ldconfig/aux-cache /var/log/apt /var/log/dpkg.log \
+    /var/log/alternatives.log
 
 ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:/usr/local/cuda/bin:$PATH \

@@ -357,6 +357,12 @@ def test_the_release_base_comes_from_one_dated_debian_snapshot() -> None:
     assert preserved and "GLM5_DEBIAN_MIRROR" in preserved.group(1).split(","), run
 
 
+# What two debootstraps and apt steps of one tree wrote differently (docs/release.md, "Still differs").
+DIFFERING = ("var/log/bootstrap.log", "var/log/dpkg.log", "var/log/alternatives.log", "var/log/apt/history.log",
+             "var/log/apt/term.log", "var/cache/apt/pkgcache.bin", "var/cache/apt/srcpkgcache.bin",
+             "var/cache/ldconfig/aux-cache")  # fmt: skip
+
+
 def fake_build_tools(tmp_path: Path) -> tuple[dict[str, str], Path]:
     """A buildah that knows no image (so the base is made) and records its calls, and a debootstrap that records
     its own and makes an empty root: ci/build-image's environment for its make_base and build, with the record."""
@@ -366,7 +372,12 @@ def fake_build_tools(tmp_path: Path) -> tuple[dict[str, str], Path]:
         f'#!/bin/sh\necho "buildah $*" >> {calls}\n'
         'case " $* " in *" inspect "*|*" images "*) exit 1 ;; *" from "*) echo ctr1 ;; esac\n'
     )
-    (fake / "debootstrap").write_text(f'#!/bin/sh\necho "debootstrap $*" >> {calls}\nmkdir -p "$4"\n')
+    # the root it makes holds what two debootstraps write differently (docs/release.md) beside what must stay
+    made = " ".join(f'"$4/{p}"' for p in (*DIFFERING, "var/log/kept.log"))
+    (fake / "debootstrap").write_text(
+        f'#!/bin/sh\necho "debootstrap $*" >> {calls}\nmkdir -p "$4/var/log/apt" "$4/var/cache/apt" '
+        f'"$4/var/cache/ldconfig"\ntouch {made}\n'
+    )
     for tool in ("buildah", "debootstrap"):
         (fake / tool).chmod(0o755)
     env = os.environ | {
@@ -396,6 +407,13 @@ def test_build_image_bootstraps_from_the_mirror_setting_and_names_the_base_by_it
     assert done.returncode == 0, done.stderr
     (debootstrap,) = [c for c in calls.read_text().splitlines() if c.startswith("debootstrap ")]
     assert debootstrap.split()[-3:] == ["bookworm", str(tmp_path / "work" / "rootfs"), snapshot]
+    root = tmp_path / "work" / "rootfs"
+    assert not [p for p in DIFFERING if (root / p).exists()] and (root / "var/log/kept.log").exists()
+    apt_step = re.search(r"^RUN apt-get update.*?(?=^\S)", (ROOT / "Dockerfile").read_text(), re.M | re.S)
+    assert apt_step, "no apt step in the Dockerfile"
+    for path in ("/var/cache/apt/*.bin", "/var/cache/ldconfig/aux-cache", "/var/log/apt", "/var/log/dpkg.log",
+                 "/var/log/alternatives.log"):  # fmt: skip
+        assert path in apt_step.group(0), path
     assert (
         "buildah --storage-driver vfs --root /var/lib/containers/storage commit --quiet --timestamp 1764547200 ctr1 "
         in (calls.read_text())
