@@ -11,6 +11,8 @@ guessing. Stdlib only, cheap to import: every probe reads it.
 
 from __future__ import annotations
 
+import types
+import typing
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -86,51 +88,33 @@ class Start:
 
     @classmethod
     def of(cls, data: Mapping[str, Any] | None) -> Start | None:
-        """The record `data` holds (launch.json's JSON), or None when it is not a whole record of this kit."""
+        """The record `data` holds (launch.json's JSON), or None when it is not a whole record of this kit: a field
+        missing, or a value not of its field's type (the annotations above, `conforms`)."""
         if data is None:
             return None
+        hints = typing.get_type_hints(cls)
         try:
             given = {f.name: data[f.name] for f in fields(cls)}
         except KeyError:
             return None
-        for name in ("argv", "decode_batch_sizes", "prefill_token_sizes", "doctor_warnings"):
-            if not isinstance(given[name], list | tuple):
-                return None
-            given[name] = tuple(given[name])
-        record = cls(**given)
-        return record if record.well_typed() else None
+        for name, value in given.items():
+            if typing.get_origin(hints[name]) is tuple and isinstance(value, list):
+                given[name] = tuple(value)  # JSON's lists are the record's tuples
+        if not all(conforms(value, hints[name]) for name, value in given.items()):
+            return None
+        return cls(**given)
 
-    def well_typed(self) -> bool:
-        kinds: dict[str, type | tuple[type, ...]] = {
-            "start": int,
-            "pid": int,
-            "port": int,
-            "attn_dp_size": int,
-            "prefill_chunk": int,
-            "context_tokens": int,
-            "started_at": str,
-            "served_model_name": str,
-            "log_dir": str,
-            "cache_dir": str,
-            "build_id": str,
-            "cache_root": str,
-            "verify": str,
-            "on_failure": str,
-            "speculative": str,
-            "profile": str,
-            "health_timeout_seconds": (int, float),
-            "stall_seconds": (int, float),
-            "accept_partial_capture": bool,
-            "env": Mapping,
-            "env_from": Mapping,
-            "overrides": Mapping,
-            "allreduce": Mapping,
-        }
-        return (
-            all(isinstance(getattr(self, name), kind) for name, kind in kinds.items())
-            and all(isinstance(n, int) for n in (*self.decode_batch_sizes, *self.prefill_token_sizes))
-            and all(isinstance(a, str) for a in self.argv)
-            and isinstance(self.autotune_stall_seconds, int | float | None)
-            and isinstance(self.max_jobs_sized, str | None)
-            and all(isinstance(w, Mapping) for w in self.doctor_warnings)
-        )
+
+def conforms(value: object, hint: Any) -> bool:
+    """`value` is of the annotated type `hint`: a union's member, a tuple of its elements' type, a Mapping (its keys and
+    values unchecked), or a plain type (an int is a float)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is types.UnionType:
+        return any(conforms(value, arg) for arg in args)
+    if origin is tuple:
+        return isinstance(value, tuple) and all(conforms(item, args[0]) for item in value)
+    if origin is not None:  # Mapping[K, V]
+        return isinstance(value, origin)
+    if hint is type(None):
+        return value is None
+    return isinstance(value, int | float) if hint is float else isinstance(value, hint)

@@ -14,6 +14,7 @@ import pytest
 
 from common import report
 from configuration import config, settings, state
+from configuration.start import Start
 from conftest import ROOT
 from healthcheck import logscan
 from helpers import start_record
@@ -209,6 +210,21 @@ def test_the_start_marker_is_written_and_read_by_one_module() -> None:
     )
     assert (scan.start, scan.started_at) == (7, "2026-11-30T10:00:00+00:00")
     assert scan.marker_expected == (52, 58)
+
+
+def test_a_start_record_is_whole_and_of_its_types_or_none() -> None:
+    """launch.json read back is the record launch wrote; one missing a field, or holding a value of another type than
+    its field's annotation (a string for a number, a list of numbers with a string, a number for a bool), is none."""
+    made = start_record.record()
+    written = made.as_json()
+    assert Start.of(written) == made
+    bad = {"start": "1", "argv": ["--port", 1], "decode_batch_sizes": [1, "2"], "health_timeout_seconds": "30",
+           "autotune_stall_seconds": "x", "max_jobs_sized": 3, "doctor_warnings": [1], "env": [],
+           "accept_partial_capture": 1, "prefill_token_sizes": "1,2"}  # fmt: skip
+    for name, value in bad.items():
+        assert Start.of(written | {name: value}) is None, name
+    assert Start.of(written | {"autotune_stall_seconds": None, "health_timeout_seconds": 30}) is not None
+    assert Start.of({k: v for k, v in written.items() if k != "pid"}) is None
 
 
 def test_state_files_are_named_once(tmp_path: Path) -> None:
