@@ -282,21 +282,23 @@ def gpu_problems(csv_text: str, values: Mapping[str, Any], environ: Mapping[str,
     return findings
 
 
-def shm_problems(values: Mapping[str, Any], shm: Path = Path("/dev/shm")) -> list[Problem]:
+SHM_REMEDY = "run with ipc: host (compose), --ipc=host or --shm-size=32g (docker run), or a Memory emptyDir at /dev/shm (k8s)"
+
+
+def shm_problems(
+    values: Mapping[str, Any], shm: Path = Path("/dev/shm"), remedy: str = SHM_REMEDY
+) -> list[Problem]:
+    """/dev/shm too small for TP8, or unreadable, each with `remedy` (the container's by default)."""
     try:
         st = os.statvfs(shm)
     except OSError as err:
-        return [
-            Problem("/dev/shm", f"cannot stat {shm} ({err.strerror}): run with ipc: host", code=SHM_TOO_SMALL)
-        ]
+        return [Problem("/dev/shm", f"cannot stat {shm} ({err.strerror}): {remedy}", code=SHM_TOO_SMALL)]
     gib = st.f_frsize * st.f_blocks / 2**30
     if gib < values["min_shm_gib"]:
         return [
             Problem(
                 "/dev/shm",
-                f"{shm} is {gib:.2f} GiB, TP8 needs {values['min_shm_gib']} "
-                "GiB or more: run with ipc: host (compose), --ipc=host or --shm-size=32g (docker run), "
-                "or a Memory emptyDir at /dev/shm (k8s)",
+                f"{shm} is {gib:.2f} GiB, TP8 needs {values['min_shm_gib']} GiB or more: {remedy}",
                 code=SHM_TOO_SMALL,
             )
         ]
@@ -575,20 +577,18 @@ def check_power(box: Box) -> Check:
 def check_shm(box: Box, values: Mapping[str, Any]) -> Check:
     """/dev/shm holds what TP8's NCCL needs. On the host: the host's own, which compose gives the container (ipc: host;
     a pod has its own, a Memory emptyDir)."""
-    problems = shm_problems(values, box.root / "dev/shm")
-    if problems and box.host:
-        return Check(
-            "shm",
-            "fail",
-            f"{problems[0].message.split(':')[0]} (compose runs the container with ipc: host, so this is its /dev/shm)",
+    if box.host:
+        remedy = "compose runs the container with ipc: host, so this is its /dev/shm"
+        fix = (
             f"sudo mount -o remount,size={2 * values['min_shm_gib']}G /dev/shm (a tmpfs: half the RAM by default; "
-            "add the size to its /etc/fstab line to keep it); a Kubernetes node needs none (the pod has its own)",
+            "add the size to its /etc/fstab line to keep it); a Kubernetes node needs none (the pod has its own)"
         )
+        where = "the host's /dev/shm (the container's, under compose's ipc: host)"
+    else:
+        remedy, fix, where = SHM_REMEDY, "compose: ipc: host; k8s: a Memory emptyDir at /dev/shm", "/dev/shm"
+    problems = shm_problems(values, box.root / "dev/shm", remedy)
     if problems:
-        return Check(
-            "shm", "fail", problems[0].message, "compose: ipc: host; k8s: a Memory emptyDir at /dev/shm"
-        )
-    where = "the host's /dev/shm (the container's, under compose's ipc: host)" if box.host else "/dev/shm"
+        return Check("shm", "fail", problems[0].message, fix)
     return Check("shm", "pass", f"{where} holds {values['min_shm_gib']} GiB or more")
 
 
